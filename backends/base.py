@@ -1,0 +1,120 @@
+"""The contract between the scheduler and every backend.
+
+The scheduler builds a `StepBatch` (a plan: which tokens to run, where their KV goes, which sequences need a
+next token and how to sample it); a backend executes it and returns a `StepOutput`. Everything is flat arrays
+so a GPU backend can copy the whole plan to the device in a few transfers.
+
+Contract for a backend's forward pass, per layer: write *all* of the step's new K/V into their slots first,
+then attend. A sequence may therefore hit a prefix-cache block that another sequence of the same step is
+filling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int32]
+LongArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    """What one token of KV cache is made of; `kvpool` turns this into bytes per block."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class SamplingInputs:
+    """Per-sampled-sequence sampling parameters, one row per entry of `StepBatch.sample_rows`.
+
+    `uniforms` are drawn by the scheduler from each request's own seeded generator, so the token a request
+    samples does not depend on what else shares its batch. Penalty inputs are None when no row uses them.
+    """
+
+    temperature: FloatArray  # 0 means greedy
+    top_k: IntArray  # 0 or less means off
+    top_p: FloatArray  # 1.0 means off
+    min_p: FloatArray  # 0.0 means off
+    uniforms: FloatArray  # in [0, 1), one per row
+    presence_penalty: FloatArray | None = None
+    frequency_penalty: FloatArray | None = None
+    repetition_penalty: FloatArray | None = None
+    output_token_ids: LongArray | None = None  # (S, Lo), padded with -1
+    prompt_token_ids: LongArray | None = None  # (S, Lp), padded with -1
+    suppressed_token_ids: LongArray | None = None  # (S, K) ids forced to -inf (min_tokens), padded with -1
+    num_top_logprobs: int = 0  # how many alternatives to return (max over rows); 0: none
+    want_logprobs: bool = False  # return the sampled token's logprob
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One engine step's plan. B sequences, T tokens in total (prefill chunks and decode tokens mixed).
+
+    Sequence b owns tokens `query_start[b]:query_start[b+1]`; after the step its KV cache holds
+    `context_lens[b]` tokens, the last of them this step's. `block_tables[b, i]` is the physical block of
+    its i-th logical block (rows padded with 0 past the sequence's length).
+    """
+
+    seq_ids: tuple[int, ...]
+    token_ids: IntArray  # (T,)
+    positions: IntArray  # (T,)
+    slot_mapping: LongArray  # (T,) block_id * block_size + offset
+    query_start: IntArray  # (B + 1,)
+    context_lens: IntArray  # (B,)
+    block_tables: IntArray  # (B, max_blocks)
+    sample_rows: IntArray  # (S,) indices into the B sequences that need a next token
+    sampling: SamplingInputs | None = None
+    block_copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (src, dst), done before the forward
+    step_id: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_ids)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Sampled tokens for the rows of `StepBatch.sample_rows`, in that order."""
+
+    token_ids: LongArray  # (S,)
+    logprobs: FloatArray | None = None  # (S,) logprob of the sampled token
+    top_token_ids: LongArray | None = None  # (S, k)
+    top_logprobs: FloatArray | None = None  # (S, k)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds, for telemetry (e.g. "forward")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine needs from a backend. `execute` runs in a worker thread, one call at a time."""
+
+    name: str
+
+    @property
+    def kv_geometry(self) -> KVGeometry: ...
+
+    def init_cache(self, num_blocks: int, block_size: int) -> None: ...
+
+    def execute(self, batch: StepBatch) -> StepOutput: ...
+
+
+class BackendError(RuntimeError):
+    """A backend could not be created or could not run a step; the message is meant for users."""
+
+
+def describe(backend: Any) -> str:
+    """A one-line description for logs."""
+    geo = getattr(backend, "kv_geometry", None)
+    return f"{getattr(backend, 'name', type(backend).__name__)} backend, KV {geo}"

@@ -1,0 +1,21 @@
+"""The backends package's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKEND_NAMES = ("numpy", "cupy", "sim")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    name: str = "numpy"
+    model: str | None = None  # a GGUF path; None: the default model package's file
+    dtype: str = "float32"  # cupy only: float32 | float16 | bfloat16
+    sim_profile: str = "zero"  # sim only: zero | cpu | a100 | h100 | h200
+    sim_clock: str = "real"  # sim only: real (sleeps) | virtual (advances a counter)
+    sim_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"backend dtype must be float32, float16 or bfloat16, not {self.dtype!r}")

@@ -1,0 +1,123 @@
+"""Byte-level BPE tokenizer built from GGUF metadata with the `tokenizers` library, and its incremental
+detokenizer."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as FastTokenizer
+
+from backends.model.config import ModelLoadError
+
+CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+# Pre-tokenizers whose regex is GPT-2's after splitting every digit on its own (StarCoder-style vocabularies).
+_DIGIT_SPLITTING = {"smollm", "starcoder", "refact", "codeshell", "exaone", "minerva"}
+_GPT2_STYLE = {"gpt2", "default", "olmo", "jais", "poro-chat", "viking", "gpt-2"}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters (what byte-level vocabularies are spelled in)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    fast: FastTokenizer
+    token_bytes: tuple[bytes, ...]  # each id's raw bytes (control tokens: their text)
+    special_ids: frozenset[int]
+    bos_token_id: int
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int = field(default=0)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for `text`; control-token spellings in the text become their special ids."""
+        return list(self.fast.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.bytes_of(ids, skip_special_tokens)).decode("utf-8", errors="replace")
+
+    def bytes_of(self, ids: Iterable[int], skip_special_tokens: bool = True) -> list[bytes]:
+        return [
+            self.token_bytes[i] for i in ids if not (skip_special_tokens and i in self.special_ids)
+        ]
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text for logprobs displays (may be a partial UTF-8 character, shown replaced)."""
+        return self.token_bytes[token_id].decode("utf-8", errors="replace")
+
+    def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing token stream into text deltas; a multi-byte character split across tokens is held back
+    until complete, so deltas never carry half a character and their concatenation equals `decode`."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: Sequence[int]) -> str:
+        return self._utf8.decode(b"".join(self._tokenizer.bytes_of(ids, self._skip)))
+
+    def flush(self) -> str:
+        """Whatever is held back at the end (an incomplete character becomes U+FFFD, as in `decode`)."""
+        return self._utf8.decode(b"", final=True)
+
+
+def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
+    model = meta.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelLoadError(f"{source}: tokenizer model '{model}' is not supported (byte-level BPE 'gpt2' only)")
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
+    special = [i for i, t in enumerate(types) if t == CONTROL_TOKEN_TYPE]
+    fast = _build_fast(tokens, list(meta.get("tokenizer.ggml.merges", [])), str(meta.get("tokenizer.ggml.pre")))
+    fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
+    eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
+    return Tokenizer(
+        fast=fast,
+        token_bytes=_token_bytes(tokens, set(special)),
+        special_ids=frozenset(special),
+        bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
+        eos_token_ids=(eos,),
+        vocab_size=len(tokens),
+    )
+
+
+def _build_fast(tokens: list[str], merges: list[str], pre: str) -> FastTokenizer:
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    fast = FastTokenizer(models.BPE(vocab=vocab, merges=pairs))  # type: ignore[arg-type]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGIT_SPLITTING:
+        fast.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in _GPT2_STYLE or pre == "None":
+        fast.pre_tokenizer = byte_level
+    else:
+        raise ModelLoadError(f"pre-tokenizer '{pre}' is not supported")
+    fast.decoder = decoders.ByteLevel()
+    return fast
+
+
+def _token_bytes(tokens: list[str], special: set[int]) -> tuple[bytes, ...]:
+    to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
+    out = []
+    for i, tok in enumerate(tokens):
+        if i in special or any(ch not in to_byte for ch in tok):
+            out.append(tok.encode("utf-8"))  # control tokens (and any odd entry) are spelled literally
+        else:
+            out.append(bytes(to_byte[ch] for ch in tok))
+    return tuple(out)

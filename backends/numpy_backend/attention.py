@@ -1,0 +1,86 @@
+"""Attention over the paged KV cache.
+
+Decode tokens (one query per sequence) are attended in one vectorised pass over the whole batch: every
+sequence's blocks are gathered into a padded (B, L) context and masked past its length. Prefill chunks, at most
+a few per step, are attended one sequence at a time with a causal mask offset by the cached prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NEG_INF = np.float32(-np.inf)
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Which tokens of a step are decode tokens and which belong to prefill chunks; fixed for all layers."""
+
+    decode_rows: np.ndarray  # token index of each decode sequence's query
+    decode_seqs: np.ndarray  # sequence index (into the batch) of each decode query
+    prefill_seqs: tuple[int, ...]  # sequence indices with more than one query token
+
+    @classmethod
+    def of(cls, query_start: np.ndarray) -> AttentionLayout:
+        q_lens = np.diff(query_start)
+        decode = np.flatnonzero(q_lens == 1)
+        prefill = tuple(int(b) for b in np.flatnonzero(q_lens > 1))
+        return cls(query_start[decode].astype(np.int64), decode, prefill)
+
+
+def _softmax_weighted(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """softmax(scores) @ values along the last axis of scores; float32 throughout."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return np.matmul(scores, values)
+
+
+def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                     context_lens: np.ndarray) -> np.ndarray:
+    """q (B, heads, d) for one token per sequence -> (B, heads, d)."""
+    batch, heads, dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    tables = block_tables[:, :num_blocks]
+    keys = k_cache[tables].reshape(batch, -1, kv_heads, dim).transpose(0, 2, 3, 1)  # (B, kvh, d, L)
+    values = v_cache[tables].reshape(batch, -1, kv_heads, dim).transpose(0, 2, 1, 3)  # (B, kvh, L, d)
+    grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim) * np.float32(dim**-0.5)
+    scores = np.matmul(grouped, keys)  # (B, kvh, group, L)
+    past_end = np.arange(keys.shape[-1])[None, :] >= context_lens[:, None]  # (B, L)
+    scores += np.where(past_end, NEG_INF, np.float32(0))[:, None, None, :]
+    return _softmax_weighted(scores, values).reshape(batch, heads, dim)
+
+
+def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
+                      context_len: int) -> np.ndarray:
+    """One sequence's chunk q (n, heads, d), the last n of its context_len positions -> (n, heads, d)."""
+    n, heads, dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    tables = block_table[: -(-context_len // block_size)]
+    keys = k_cache[tables].reshape(-1, kv_heads, dim)[:context_len]
+    values = v_cache[tables].reshape(-1, kv_heads, dim)[:context_len]
+    group = heads // kv_heads
+    grouped = q.reshape(n, kv_heads, group, dim).transpose(1, 2, 0, 3) * np.float32(dim**-0.5)
+    scores = np.matmul(grouped, keys.transpose(1, 2, 0)[:, None])  # (kvh, group, n, ctx)
+    query_pos = np.arange(context_len - n, context_len)
+    scores[..., np.arange(context_len)[None, :] > query_pos[:, None]] = NEG_INF
+    out = _softmax_weighted(scores, values.transpose(1, 0, 2)[:, None])  # (kvh, group, n, d)
+    return out.transpose(2, 0, 1, 3).reshape(n, heads, dim)
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: AttentionLayout,
+                    query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d)."""
+    out = np.empty_like(q)
+    if layout.decode_rows.size:
+        seqs = layout.decode_seqs
+        out[layout.decode_rows] = decode_attention(
+            q[layout.decode_rows], k_cache, v_cache, block_tables[seqs], context_lens[seqs]
+        )
+    for b in layout.prefill_seqs:
+        rows = slice(int(query_start[b]), int(query_start[b + 1]))
+        out[rows] = prefill_attention(q[rows], k_cache, v_cache, block_tables[b], int(context_lens[b]))
+    return out

@@ -1,0 +1,54 @@
+"""The NumPy backend: executes a StepBatch with the float32 Llama forward on the CPU."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from backends.base import KVGeometry, StepBatch, StepOutput
+from backends.model.loader import LoadedModel
+from backends.numpy_backend.kv_cache import PagedKVCache
+from backends.numpy_backend.model import LlamaForward
+from backends.sampling import sample
+
+
+class NumpyBackend:
+    name = "numpy"
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.forward = LlamaForward(model.config, model.weights)
+        self._cache: PagedKVCache | None = None
+
+    @property
+    def kv_geometry(self) -> KVGeometry:
+        cfg = self.model.config
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=4)
+
+    @property
+    def cache(self) -> PagedKVCache:
+        if self._cache is None:
+            raise RuntimeError("init_cache() must be called before the first step")
+        return self._cache
+
+    def init_cache(self, num_blocks: int, block_size: int) -> None:
+        geo = self.kv_geometry
+        self._cache = PagedKVCache.allocate(geo.num_layers, num_blocks, block_size, geo.num_kv_heads, geo.head_dim)
+
+    def compute_logits(self, batch: StepBatch) -> np.ndarray:
+        """(S, vocab) float32 logits for the sequences in `batch.sample_rows`."""
+        self.cache.copy_blocks(batch.block_copies)
+        hidden = self.forward.hidden_states(batch, self.cache)
+        last_rows = batch.query_start[1:][batch.sample_rows] - 1
+        return self.forward.logits(hidden[last_rows])
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        start = time.perf_counter()
+        logits = self.compute_logits(batch)
+        forward_done = time.perf_counter()
+        if batch.sampling is None:  # nothing to sample (a step of prefill chunks only)
+            return StepOutput(np.zeros(0, np.int64), timings={"forward": forward_done - start})
+        result = sample(np, logits, batch.sampling)
+        timings = {"forward": forward_done - start, "sample": time.perf_counter() - forward_done}
+        return StepOutput(result.token_ids, result.logprobs, result.top_token_ids, result.top_logprobs, timings)

@@ -1,0 +1,44 @@
+"""Elementwise pieces of the Llama forward, in float32."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps))
+    return (x * scale) * weight
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    """SwiGLU: the first half of the last axis is the gate, the second the up projection."""
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :half], gate_up[..., half:]
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """cos/sin per (position, pair). Pairs are interleaved (2i, 2i+1): the GGUF layout of Q and K rows."""
+
+    cos: np.ndarray  # (max_positions, head_dim // 2)
+    sin: np.ndarray
+
+    @classmethod
+    def build(cls, head_dim: int, theta: float, max_positions: int) -> RopeTable:
+        inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
+        return cls(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
+
+    def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Rotate x (T, heads, head_dim) by each token's position."""
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        pairs = x.reshape(*x.shape[:-1], -1, 2)
+        even, odd = pairs[..., 0], pairs[..., 1]
+        out = np.empty_like(pairs)
+        out[..., 0] = even * cos - odd * sin
+        out[..., 1] = even * sin + odd * cos
+        return out.reshape(x.shape)

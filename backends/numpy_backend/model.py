@@ -1,0 +1,50 @@
+"""The Llama forward pass in float32 NumPy over a paged KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import StepBatch
+from backends.model.config import ModelConfig
+from backends.model.weights import LayerWeights, ModelWeights
+from backends.numpy_backend.attention import AttentionLayout, paged_attention
+from backends.numpy_backend.kv_cache import PagedKVCache
+from backends.numpy_backend.layers import RopeTable, rms_norm, silu_mul
+
+
+class LlamaForward:
+    def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
+        self.config = config
+        self.weights = weights
+        self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
+
+    def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
+        """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
+        x = self.weights.embedding[batch.token_ids]
+        layout = AttentionLayout.of(batch.query_start)
+        for index, layer in enumerate(self.weights.layers):
+            x = x + self._attention(index, layer, x, batch, layout, cache)
+            x = x + self._mlp(layer, x)
+        return x
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""
+        normed = rms_norm(hidden, self.weights.final_norm, self.config.rms_eps)
+        return normed @ self.weights.lm_head.T
+
+    def _attention(self, index: int, layer: LayerWeights, x: np.ndarray, batch: StepBatch,
+                   layout: AttentionLayout, cache: PagedKVCache) -> np.ndarray:
+        cfg = self.config
+        qkv = rms_norm(x, layer.attn_norm, cfg.rms_eps) @ layer.wqkv.T
+        q = qkv[:, : cfg.q_size].reshape(-1, cfg.num_heads, cfg.head_dim)
+        k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = qkv[:, cfg.q_size + cfg.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
+        cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
+        out = paged_attention(q, cache.keys[index], cache.values[index], layout, batch.query_start,
+                              batch.block_tables, batch.context_lens)
+        return out.reshape(-1, cfg.q_size) @ layer.wo.T
+
+    def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
+        h = rms_norm(x, layer.ffn_norm, self.config.rms_eps)
+        return silu_mul(h @ layer.w_gate_up.T) @ layer.w_down.T

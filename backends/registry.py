@@ -1,0 +1,51 @@
+"""Backend name -> factory. Factories import their backend lazily, so a CPU install never imports CuPy;
+third-party backends register through the `pagedserve.backends` entry-point group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+from backends.base import Backend, BackendError
+from backends.config import BackendConfig
+from backends.model.loader import ModelFiles
+
+Factory = Callable[[BackendConfig, ModelFiles], Backend]
+
+
+def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
+    from backends.model.loader import load_model  # noqa: PLC0415
+    from backends.numpy_backend.backend import NumpyBackend  # noqa: PLC0415
+
+    return NumpyBackend(load_model(files.path))
+
+
+def _cupy(config: BackendConfig, files: ModelFiles) -> Backend:
+    from backends.cupy_backend import create  # noqa: PLC0415
+
+    return create(config, files)  # type: ignore[no-any-return]
+
+
+def _sim(config: BackendConfig, files: ModelFiles) -> Backend:
+    from backends.sim_backend import create  # noqa: PLC0415
+
+    return create(config, files)  # type: ignore[no-any-return]
+
+
+BUILTIN: dict[str, Factory] = {"numpy": _numpy, "cupy": _cupy, "sim": _sim}
+
+
+def available() -> dict[str, Factory]:
+    factories = dict(BUILTIN)
+    for ep in entry_points(group="pagedserve.backends"):
+        factories.setdefault(ep.name, ep.load())
+    return factories
+
+
+def create_backend(config: BackendConfig, files: ModelFiles) -> Backend:
+    factories = available()
+    if config.name not in factories:
+        raise BackendError(f"unknown backend '{config.name}' (available: {', '.join(sorted(factories))})")
+    backend: Any = factories[config.name](config, files)
+    return backend  # type: ignore[no-any-return]

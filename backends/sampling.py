@@ -1,0 +1,166 @@
+"""Token sampling next to the logits, written once against an array module `xp` (numpy or cupy), so a GPU
+backend never copies full logits to the host.
+
+Randomness comes in as one uniform number per row, drawn from that request's own seeded generator: a row's
+token depends on its logits and its uniform only, never on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backends.base import SamplingInputs
+
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy (OpenAI's temperature=0)
+TOP_CANDIDATES = 256  # sorted candidates tried first for top-p; a row whose top-p mass lies beyond falls back
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: Any  # (S,) int64
+    logprobs: Any | None  # (S,) float32: the sampled token's logprob under the model's distribution
+    top_token_ids: Any | None  # (S, k)
+    top_logprobs: Any | None  # (S, k)
+
+
+def sample(xp: Any, logits: Any, params: SamplingInputs) -> SampleResult:
+    logits = apply_penalties(xp, logits.astype(xp.float32, copy=True), params)
+    logprobs = log_softmax(xp, logits) if params.want_logprobs or params.num_top_logprobs else None
+    token_ids = xp.argmax(logits, axis=-1).astype(xp.int64)
+    temperature = xp.asarray(params.temperature, dtype=xp.float32)
+    random_rows = xp.flatnonzero(temperature >= GREEDY_BELOW)
+    if random_rows.size:
+        token_ids[random_rows] = _sample_rows(xp, logits[random_rows], _rows(xp, params, random_rows))
+    if logprobs is None:
+        return SampleResult(token_ids, None, None, None)
+    chosen = xp.take_along_axis(logprobs, token_ids[:, None], axis=-1)[:, 0]
+    top_ids, top_values = top_logprobs(xp, logprobs, params.num_top_logprobs)
+    return SampleResult(token_ids, chosen, top_ids, top_values)
+
+
+def log_softmax(xp: Any, logits: Any) -> Any:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def top_logprobs(xp: Any, logprobs: Any, k: int) -> tuple[Any | None, Any | None]:
+    if k <= 0:
+        return None, None
+    part = xp.argpartition(-logprobs, k - 1, axis=-1)[:, :k]
+    values = xp.take_along_axis(logprobs, part, axis=-1)
+    order = xp.argsort(-values, axis=-1)
+    return xp.take_along_axis(part, order, axis=-1), xp.take_along_axis(values, order, axis=-1)
+
+
+def apply_penalties(xp: Any, logits: Any, p: SamplingInputs) -> Any:
+    """Repetition (prompt and output, multiplicative), then frequency and presence (output counts)."""
+    if p.repetition_penalty is not None and (p.prompt_token_ids is not None or p.output_token_ids is not None):
+        seen = _token_counts(xp, logits.shape, p.prompt_token_ids, p.output_token_ids) > 0
+        penalty = xp.asarray(p.repetition_penalty, dtype=xp.float32)[:, None]
+        scaled = xp.where(logits > 0, logits / penalty, logits * penalty)
+        logits = xp.where(seen, scaled, logits)
+    if p.output_token_ids is not None and (p.frequency_penalty is not None or p.presence_penalty is not None):
+        counts = _token_counts(xp, logits.shape, p.output_token_ids)
+        if p.frequency_penalty is not None:
+            logits -= xp.asarray(p.frequency_penalty, dtype=xp.float32)[:, None] * counts
+        if p.presence_penalty is not None:
+            logits -= xp.asarray(p.presence_penalty, dtype=xp.float32)[:, None] * (counts > 0)
+    if p.suppressed_token_ids is not None:
+        mask = _token_counts(xp, logits.shape, p.suppressed_token_ids) > 0
+        logits[mask] = -xp.inf
+    return logits
+
+
+def _token_counts(xp: Any, shape: tuple[int, int], *id_arrays: Any) -> Any:
+    """(S, V) float32 occurrence counts of the ids in padded (S, L) arrays (padding is -1)."""
+    rows, vocab = shape
+    counts = xp.zeros((rows, vocab + 1), dtype=xp.float32)  # column `vocab` soaks up the padding
+    for ids in id_arrays:
+        if ids is None:
+            continue
+        ids = xp.asarray(ids, dtype=xp.int64)
+        ids = xp.where(ids < 0, vocab, ids)
+        row_ix = xp.broadcast_to(xp.arange(rows)[:, None], ids.shape)
+        _scatter_add(xp, counts, (row_ix.ravel(), ids.ravel()), 1.0)
+    return counts[:, :vocab]
+
+
+def _scatter_add(xp: Any, target: Any, index: tuple[Any, Any], value: float) -> None:
+    if xp.__name__ == "numpy":
+        xp.add.at(target, index, value)
+    else:  # cupy
+        import cupyx  # noqa: PLC0415 - only reached on the GPU backend
+
+        cupyx.scatter_add(target, index, value)
+
+
+@dataclass(frozen=True)
+class _RowParams:
+    temperature: Any
+    top_k: Any
+    top_p: Any
+    min_p: Any
+    uniforms: Any
+
+
+def _rows(xp: Any, p: SamplingInputs, rows: Any) -> _RowParams:
+    def pick(values: Any, dtype: Any) -> Any:
+        return xp.asarray(values, dtype=dtype)[rows]
+
+    return _RowParams(pick(p.temperature, xp.float32), pick(p.top_k, xp.int64), pick(p.top_p, xp.float32),
+                      pick(p.min_p, xp.float32), pick(p.uniforms, xp.float64))
+
+
+def _sample_rows(xp: Any, logits: Any, p: _RowParams) -> Any:
+    """Sample one token per row from temperature-scaled, filtered probabilities by inverse CDF."""
+    probs = _softmax(xp, logits / p.temperature[:, None])
+    probs = xp.where(probs >= (p.min_p * probs.max(axis=-1))[:, None], probs, 0.0)
+    out = _inverse_cdf(xp, probs, p.uniforms)  # rows without top-k/top-p: any token order will do
+    rows = xp.flatnonzero((p.top_k > 0) | (p.top_p < 1.0))
+    if rows.size:
+        out[rows] = _sample_filtered(xp, probs[rows], p.top_k[rows], p.top_p[rows], p.uniforms[rows])
+    return out
+
+
+def _sample_filtered(xp: Any, probs: Any, top_k: Any, top_p: Any, uniforms: Any) -> Any:
+    """Top-k/top-p rows: sort only the top candidates; a row whose top-p mass reaches beyond them is
+    redone over the whole sorted vocabulary (exact, and rare)."""
+    vocab = probs.shape[-1]
+    width = int(min(vocab, max(TOP_CANDIDATES, int(top_k.max()))))
+    picked = _sample_top(xp, probs, top_k, top_p, uniforms, width)
+    missing = xp.flatnonzero(picked < 0)
+    if missing.size:
+        picked[missing] = _sample_top(xp, probs[missing], top_k[missing], top_p[missing], uniforms[missing], vocab)
+    return picked
+
+
+def _sample_top(xp: Any, probs: Any, top_k: Any, top_p: Any, uniforms: Any, width: int) -> Any:
+    vocab = probs.shape[-1]
+    ids = xp.argpartition(-probs, width - 1, axis=-1)[:, :width] if width < vocab else None
+    cand = probs if ids is None else xp.take_along_axis(probs, ids, axis=-1)
+    order = xp.argsort(-cand, axis=-1)
+    cand = xp.take_along_axis(cand, order, axis=-1)
+    ids = order if ids is None else xp.take_along_axis(ids, order, axis=-1)
+    total = probs.sum(axis=-1, keepdims=True)
+    mass_before = (xp.cumsum(cand, axis=-1) - cand) / total
+    rank = xp.arange(width)[None, :]
+    keep = (mass_before < top_p[:, None]) & ((top_k[:, None] <= 0) | (rank < top_k[:, None]))
+    picked = xp.take_along_axis(ids, _inverse_cdf(xp, xp.where(keep, cand, 0.0), uniforms)[:, None], axis=-1)
+    if width == vocab:
+        return picked[:, 0]
+    # Complete when the candidates hold the whole top-p mass, or top-k (<= width) bounds the row anyway.
+    complete = (cand.sum(axis=-1) / total[:, 0] >= top_p) | (top_k > 0)
+    return xp.where(complete, picked[:, 0], -1)  # -1: leave to the full-vocabulary pass
+
+
+def _inverse_cdf(xp: Any, weights: Any, uniforms: Any) -> Any:
+    cdf = xp.cumsum(weights.astype(xp.float64), axis=-1)
+    targets = uniforms * cdf[:, -1]
+    index = (cdf <= targets[:, None]).sum(axis=-1)
+    return xp.minimum(index, weights.shape[-1] - 1).astype(xp.int64)
+
+
+def _softmax(xp: Any, x: Any) -> Any:
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
