@@ -1,0 +1,27 @@
+"""The scheduler package's configuration: batching policy, budgets and queue bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BATCHING = ("continuous", "static")
+SCHEDULING = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64  # sequences in one step
+    max_num_batched_tokens: int = 512  # tokens in one step (prefill chunks + decode tokens)
+    max_model_len: int = 0  # 0: the model's context length
+    batching: str = "continuous"
+    scheduling: str = "fcfs"
+    max_waiting_requests: int = 1024  # admission bound: over it, QueueFullError (503)
+    max_waiting_tokens: int = 1_048_576  # prompt tokens waiting, same bound
+
+    def __post_init__(self) -> None:
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, not {self.batching!r}")
+        if self.scheduling not in SCHEDULING:
+            raise ValueError(f"scheduling must be one of {SCHEDULING}, not {self.scheduling!r}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")

@@ -1,0 +1,35 @@
+"""Typed errors the service maps to HTTP statuses."""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Base class; `message` is meant for the client."""
+
+
+class InvalidRequestError(SchedulerError, ValueError):
+    """A parameter is out of range (HTTP 400); `param` names it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus the tokens asked for) does not fit the context (HTTP 400)."""
+
+
+class QueueFullError(SchedulerError):
+    """The waiting queue is at its bound (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineStoppedError(SchedulerError):
+    """The engine is draining or stopped and admits nothing (HTTP 503)."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A request id already in flight."""
