@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
-
 from backends.base import Backend, BackendError
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
@@ -24,13 +22,13 @@ def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
 def _cupy(config: BackendConfig, files: ModelFiles) -> Backend:
     from backends.cupy_backend import create  # noqa: PLC0415
 
-    return create(config, files)  # type: ignore[no-any-return]
+    return create(config, files)
 
 
 def _sim(config: BackendConfig, files: ModelFiles) -> Backend:
     from backends.sim_backend import create  # noqa: PLC0415
 
-    return create(config, files)  # type: ignore[no-any-return]
+    return create(config, files)
 
 
 BUILTIN: dict[str, Factory] = {"numpy": _numpy, "cupy": _cupy, "sim": _sim}
@@ -47,5 +45,4 @@ def create_backend(config: BackendConfig, files: ModelFiles) -> Backend:
     factories = available()
     if config.name not in factories:
         raise BackendError(f"unknown backend '{config.name}' (available: {', '.join(sorted(factories))})")
-    backend: Any = factories[config.name](config, files)
-    return backend  # type: ignore[no-any-return]
+    return factories[config.name](config, files)

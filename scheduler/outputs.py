@@ -103,6 +103,12 @@ class RequestStream:
         return RequestOutput(self.request_id, choices, self.prompt_tokens, self._completion_tokens,
                              self._cached_tokens, self._finished, self._error)
 
+    def take_finished(self) -> RequestOutput:
+        """Everything at once, without an event loop, once the request is over and nobody read it."""
+        if not self._finished:
+            raise RuntimeError(f"request {self.request_id} is still running")
+        return self._take()
+
     async def collect(self) -> RequestOutput:
         """Read to the end and merge everything (for non-streaming responses)."""
         merged: dict[int, ChoiceDelta] = {}

@@ -1,0 +1,163 @@
+"""The engine's synchronous core: admission, planning and applying results. The async `Engine` and the
+offline `LLM` both drive it: `plan()`, run the batch on the backend, `commit()`."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backends.base import StepOutput
+from kvpool import KVCacheManager, KVStats
+from scheduler.config import SchedulerConfig
+from scheduler.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError, QueueFullError
+from scheduler.output_processor import (
+    RequestState,
+    TokenizerLike,
+    apply_update,
+    close_aborted,
+    new_request_state,
+)
+from scheduler.outputs import RequestStream
+from scheduler.request import EngineRequest
+from scheduler.scheduler import Scheduler, SchedulerPlan
+from scheduler.sequence import SequenceStatus
+from telemetry.interface import EngineObserver, NullObserver, RequestRecord, StepRecord, TokenRecord
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_requests: int
+    kv: KVStats
+
+
+class EngineCore:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tokenizer: TokenizerLike, *,
+                 max_model_len: int, observer: EngineObserver | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids))
+        self.observer: EngineObserver = observer or NullObserver()
+        self.clock = clock
+        self.requests: dict[str, RequestState] = {}
+        self.accepting = True
+        self._seq_ids = itertools.count()
+
+    # --- admission -------------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> RequestStream:
+        self._check_admissible(request)
+        state = new_request_state(request, next(self._seq_ids), self.tokenizer)
+        for _ in range(request.params.n - 1):
+            next(self._seq_ids)
+        self.requests[request.request_id] = state
+        self.scheduler.add(list(state.seqs))
+        self.observer.request_queued(request.request_id, self.clock(), len(request.prompt_token_ids),
+                                     request.params, request.trace_context)
+        return state.stream
+
+    def _check_admissible(self, request: EngineRequest) -> None:
+        if not self.accepting:
+            raise EngineStoppedError("the server is shutting down and admits no new requests")
+        if request.request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight", "request_id")
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len == 0:
+            raise PromptTooLongError("the prompt is empty", "prompt")
+        if prompt_len >= self.max_model_len:
+            raise PromptTooLongError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{prompt_len} tokens (at least one must be left to generate)", "prompt")
+        if -(-(prompt_len + 1) // self.kv.block_size) > self.kv.num_blocks:
+            raise PromptTooLongError(f"the prompt needs more KV cache than the server has "
+                                     f"({self.kv.num_blocks * self.kv.block_size} tokens)", "prompt")
+        self._check_queue(prompt_len)
+
+    def _check_queue(self, prompt_len: int) -> None:
+        waiting = len(self.scheduler.waiting)
+        if waiting >= self.config.max_waiting_requests or \
+                self.scheduler.num_waiting_tokens + prompt_len > self.config.max_waiting_tokens:
+            self.observer.request_rejected("queue_full")
+            raise QueueFullError(f"the server is at capacity ({waiting} requests waiting); retry shortly",
+                                 retry_after=1.0)
+
+    def abort(self, request_id: str, error: str | None = None) -> None:
+        state = self.requests.get(request_id)
+        if state is None:
+            return
+        for seq in state.seqs:
+            self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self._close(state, error)
+
+    def abort_all(self, error: str) -> None:
+        for request_id in list(self.requests):
+            self.abort(request_id, error)
+
+    # --- stepping --------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def plan(self) -> SchedulerPlan:
+        plan = self.scheduler.schedule()
+        now = self.clock()
+        for seq in plan.preempted:
+            self.observer.request_preempted(seq.request_id, now)
+        for item in plan.scheduled:
+            state = self.requests[item.seq.request_id]
+            if state.first_scheduled is None:
+                state.first_scheduled = now
+        return plan
+
+    def commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
+        """Apply a finished step: tokens into streams, finished requests closed, telemetry told."""
+        updates = self.scheduler.update(plan, output)
+        end = self.clock()
+        touched: dict[str, RequestState] = {}
+        for update in updates:
+            state = self.requests[update.seq.request_id]
+            apply_update(state, update, self.scheduler)
+            state.step_tokens += 1
+            touched[state.request.request_id] = state
+        tokens = [self._token_record(plan, state, end) for state in touched.values()]
+        self.observer.step_finished(self._step_record(plan, started, end), tokens)
+        for state in touched.values():
+            if state.finished:
+                self._close(state, None)
+
+    def fail(self, plan: SchedulerPlan, error: str) -> None:
+        """The backend raised on this step: fail only the requests it carried."""
+        for request_id in {item.seq.request_id for item in plan.scheduled}:
+            self.abort(request_id, error)
+
+    def _close(self, state: RequestState, error: str | None) -> None:
+        self.requests.pop(state.request.request_id, None)
+        state.error = error
+        close_aborted(state, error)
+        self.observer.request_finished(RequestRecord(
+            state.request.request_id, state.request.arrival_time, self.clock(), state.finish_reason,
+            len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,
+            state.first_scheduled, state.first_token, error))
+
+    def _token_record(self, plan: SchedulerPlan, state: RequestState, end: float) -> TokenRecord:
+        first = state.first_token is None
+        if first:
+            state.first_token = end
+        count, state.step_tokens = state.step_tokens, 0
+        return TokenRecord(state.request.request_id, plan.step_id, end, count, first,
+                           len(plan.scheduled), plan.prefill_tokens)
+
+    def _step_record(self, plan: SchedulerPlan, started: float, end: float) -> StepRecord:
+        return StepRecord(plan.step_id, started, end, len(plan.scheduled), plan.prefill_tokens,
+                          plan.decode_tokens, self.kv.stats().usage, len(self.scheduler.running),
+                          len(self.scheduler.waiting), len(plan.preempted),
+                          tuple(dict.fromkeys(item.seq.request_id for item in plan.scheduled)))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.requests),
+                           self.kv.stats())

@@ -1,0 +1,47 @@
+"""The offline API: generate completions for a list of prompts without a server."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+from backends.base import Backend
+from kvpool import KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.core import EngineCore
+from scheduler.output_processor import TokenizerLike
+from scheduler.outputs import RequestOutput
+from scheduler.params import SamplingParams
+from scheduler.request import EngineRequest
+from telemetry.interface import EngineObserver
+
+
+class LLM:
+    """Drives the same engine core synchronously: plan, execute on the backend, commit, until done."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
+                 tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None) -> None:
+        clock = getattr(backend, "clock", None)
+        self.core = EngineCore(scheduler_config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
+                               clock=clock.now if clock is not None else time.monotonic)
+        self.backend = backend
+        self._ids = itertools.count()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        """One merged output per prompt, in order (every prompt is in flight at once)."""
+        streams = [self.core.add_request(EngineRequest(f"offline-{next(self._ids)}", tuple(p), params))
+                   for p in prompts]
+        self.run_until_idle()
+        return [stream.take_finished() for stream in streams]
+
+    def run_until_idle(self) -> int:
+        """Step until no work is left; returns the number of steps."""
+        steps = 0
+        while self.core.has_work:
+            plan = self.core.plan()
+            if plan.batch is None:
+                raise RuntimeError("the scheduler could not place any waiting request (KV cache too small)")
+            started = self.core.clock()
+            self.core.commit(plan, self.backend.execute(plan.batch), started)
+            steps += 1
+        return steps
