@@ -1,0 +1,47 @@
+"""Drive the Scheduler without a model: each sampled row gets a token chosen by a rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from backends.base import StepOutput
+from kvpool import KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.params import SamplingParams
+from scheduler.scheduler import Scheduler, SchedulerPlan
+from scheduler.sequence import Sequence
+
+EOS = 2
+
+
+def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, **config: object
+                   ) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, max_model_len=max_model_len)
+    return Scheduler(SchedulerConfig(**config), kv, max_model_len, frozenset({EOS}))  # type: ignore[arg-type]
+
+
+def make_seqs(seq_id: int, prompt_len: int, max_tokens: int = 4, n: int = 1, priority: int = 0,
+              arrival: float | None = None, first_token: int = 10) -> list[Sequence]:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, n=n)
+    prompt = [first_token + (seq_id * 7 + i) % 50 for i in range(prompt_len)]
+    return [Sequence(seq_id=seq_id + i, request_id=f"r{seq_id}", index=i, prompt_len=prompt_len,
+                     token_ids=list(prompt), params=params, priority=priority,
+                     arrival_time=float(seq_id if arrival is None else arrival)) for i in range(n)]
+
+
+def step(scheduler: Scheduler, token_of: Callable[[Sequence], int] = lambda s: 100 + s.seq_id
+         ) -> SchedulerPlan:
+    """Plan one step, 'execute' it, apply it; checks the pool's invariants on the way."""
+    plan = scheduler.schedule()
+    scheduler.kv.check_invariants()
+    tokens = np.array([token_of(s) for s in plan.sampled], np.int64)
+    scheduler.update(plan, StepOutput(tokens))
+    scheduler.kv.check_invariants()
+    return plan
+
+
+def shape(plan: SchedulerPlan) -> list[tuple[int, int, int]]:
+    """(seq id, first position, token count) of every scheduled sequence, in batch order."""
+    return [(s.seq.seq_id, s.start, s.num_tokens) for s in plan.scheduled]
