@@ -11,7 +11,13 @@ from dataclasses import dataclass
 from backends.base import StepOutput
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
-from scheduler.errors import DuplicateRequestError, EngineStoppedError, PromptTooLongError, QueueFullError
+from scheduler.errors import (
+    DuplicateRequestError,
+    EngineStoppedError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+)
 from scheduler.output_processor import (
     RequestState,
     TokenizerLike,
@@ -66,6 +72,9 @@ class EngineCore:
             raise EngineStoppedError("the server is shutting down and admits no new requests")
         if request.request_id in self.requests:
             raise DuplicateRequestError(f"request id {request.request_id!r} is already in flight", "request_id")
+        if request.params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n={request.params.n} exceeds this server's max_num_seqs "
+                                      f"({self.config.max_num_seqs})", "n")
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
             raise PromptTooLongError("the prompt is empty", "prompt")

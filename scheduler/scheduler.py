@@ -126,9 +126,12 @@ class Scheduler:
         return slots
 
     def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> None:
+        # Choices still to fork hold their seats already, so forking never overfills a step.
+        seats = len(self.running) + sum(len(s.children) for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + 1 + len(seq.children) > self.config.max_num_seqs:
+            seats += 1 + len(seq.children)
+            if seats > self.config.max_num_seqs:
                 return
             cached = self.kv.num_cached_tokens(seq.token_ids)
             count = min(seq.num_tokens - cached, budget)

@@ -1,0 +1,70 @@
+"""Random arrivals, aborts, lengths and a small block pool against the scheduler's invariants."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from scheduler.sequence import Sequence, SequenceStatus
+from tests.scheduler.helpers import make_scheduler, make_seqs, step
+
+BUDGET, MAX_SEQS = 16, 4
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched = make_scheduler(num_blocks=12, block_size=4, max_model_len=40, max_num_batched_tokens=BUDGET,
+                                    max_num_seqs=MAX_SEQS)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.next_id = 0
+
+    @rule(prompt_len=st.integers(1, 30), max_tokens=st.integers(1, 12), n=st.integers(1, 2))
+    def arrive(self, prompt_len: int, max_tokens: int, n: int) -> None:
+        seqs = make_seqs(self.next_id, prompt_len, max_tokens=max_tokens, n=n, first_token=3)
+        self.next_id += n
+        self.requests[seqs[0].request_id] = seqs
+        self.sched.add(seqs)
+
+    @precondition(lambda self: self.sched.has_work)
+    @rule(eos_every=st.integers(0, 7))
+    def run_step(self, eos_every: int) -> None:
+        plan = step(self.sched, token_of=lambda s: 2 if eos_every and s.num_tokens % (eos_every + 3) == 0 else 50)
+        assert sum(s.num_tokens for s in plan.scheduled) <= BUDGET
+        assert len(plan.scheduled) <= MAX_SEQS
+        assert len({s.seq.seq_id for s in plan.scheduled}) == len(plan.scheduled)
+
+    @precondition(lambda self: self.requests)
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(sorted(self.requests)))
+        for seq in self.requests[request_id]:
+            self.sched.finish(seq, SequenceStatus.FINISHED_ABORTED)
+
+    @invariant()
+    def every_live_sequence_is_queued_exactly_once(self) -> None:
+        queued = [s.seq_id for s in (*self.sched.waiting, *self.sched.running)]
+        assert len(queued) == len(set(queued))
+        for seqs in self.requests.values():
+            head, *children = seqs
+            for seq in seqs:
+                pending = seq.status is SequenceStatus.FORK_PENDING
+                assert (seq.seq_id in queued) == (not seq.status.finished and not pending)
+                assert not pending or (seq in head.children and head.status < SequenceStatus.FINISHED_STOPPED)
+        self.sched.kv.check_invariants()
+
+    def teardown(self) -> None:
+        for _ in range(2000):
+            if not self.sched.has_work:
+                break
+            step(self.sched)
+        assert not self.sched.has_work
+        assert all(s.status.finished for seqs in self.requests.values() for s in seqs)
+        stats = self.sched.kv.stats()
+        assert stats.used_blocks == 0 and stats.free_blocks == stats.num_blocks
+        self.sched.kv.check_invariants()
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
