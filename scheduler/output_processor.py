@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -13,13 +14,13 @@ from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.stop import Detokenizer, TextAssembler
 
 
-class TokenizerLike:
+class TokenizerLike(Protocol):
     """What the engine needs of a tokenizer (backends.model.tokenizer.Tokenizer fits)."""
 
-    eos_token_ids: tuple[int, ...]
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
 
-    def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer:
-        raise NotImplementedError
+    def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer: ...
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""The simulated backend: no weights, deterministic tokens, step time from a roofline cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.base import KVGeometry, LongArray, StepBatch, StepOutput
+from backends.model.config import ModelConfig
+from backends.sim_backend.clock import Clock
+from backends.sim_backend.cost_model import CostModel, StepCost
+from backends.sim_backend.logprobs import pseudo_logprobs
+from backends.sim_backend.profiles import HardwareProfile
+from backends.sim_backend.tokens import pick, row_hashes
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, config: ModelConfig, vocab: LongArray, profile: HardwareProfile, clock: Clock,
+                 seed: int = 0) -> None:
+        if vocab.size == 0:
+            raise ValueError("the model's vocabulary has no ordinary tokens to simulate with")
+        self.config = config
+        self.vocab = vocab  # the ordinary token ids tokens are drawn from
+        self.profile = profile
+        self.clock = clock  # the engine reads time from here, so virtual runs report simulated timings
+        self.seed = seed
+        self.cost_model = CostModel(config, profile)
+        self.num_blocks = 0
+        self.block_size = 0
+        self.last_cost: StepCost | None = None
+
+    @property
+    def kv_geometry(self) -> KVGeometry:
+        cfg, dtype_bytes = self.config, self.profile.dtype_bytes  # KV at the simulated machine's dtype
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=dtype_bytes)
+
+    def init_cache(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size  # no KV to hold: just remember the shape
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        start = self.clock.now()
+        cost = self.cost_model.step_cost(batch)
+        output = self._sample(batch, {"forward": cost.seconds})
+        self.last_cost = cost
+        self.clock.sleep_until(start + cost.seconds)  # the real clock absorbs the time spent above
+        return output
+
+    def _sample(self, batch: StepBatch, timings: dict[str, float]) -> StepOutput:
+        params = batch.sampling
+        hashes = row_hashes(batch, self.seed)
+        index = pick(hashes, self.vocab, None if params is None else params.suppressed_token_ids)
+        token_ids = self.vocab[index].astype(np.int64)
+        if params is None or not (params.want_logprobs or params.num_top_logprobs > 0):
+            return StepOutput(token_ids, timings=timings)
+        lp = pseudo_logprobs(hashes, index, self.vocab, params.num_top_logprobs)
+        return StepOutput(token_ids, lp.logprobs, lp.top_token_ids, lp.top_logprobs, timings)
