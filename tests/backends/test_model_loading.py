@@ -1,0 +1,93 @@
+"""GGUF loading: config, dequantization, and clear errors for files we cannot serve."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from backends.model.config import ModelLoadError
+from backends.model.gguf_file import read_gguf
+from backends.model.loader import load_model, open_model
+from backends.model.weights import dequantize
+from tests.backends.tiny_gguf import write_tiny_llama
+
+
+def test_default_model_config_matches_smollm2() -> None:
+    _, files = open_model()
+    cfg = files.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+    assert (cfg.vocab_size, cfg.intermediate_size, cfg.context_length) == (49152, 1536, 8192)
+    assert cfg.rope_theta == 100000.0 and cfg.rms_eps == pytest.approx(1e-5)
+    assert cfg.bos_token_id == 1 and 2 in cfg.eos_token_ids
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_each_supported_type_dequantizes_to_float32(tmp_path: Path, qtype: Q) -> None:
+    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=qtype)
+    model = load_model(path)
+    w = model.weights.layers[0].w_down
+    assert w.dtype == np.float32 and w.shape == (64, 128)
+    raw = read_gguf(path)
+    expected = quants.dequantize(raw.raw("blk.0.ffn_down.weight"), qtype).reshape(64, 128)
+    np.testing.assert_array_equal(dequantize(raw, "blk.0.ffn_down.weight"), expected)
+
+
+def test_quantization_error_is_within_the_types_precision(tmp_path: Path) -> None:
+    exact = load_model(write_tiny_llama(tmp_path / "f32.gguf", weight_type=Q.F32)).weights.layers[1].wo
+    q8 = load_model(write_tiny_llama(tmp_path / "q8.gguf", weight_type=Q.Q8_0)).weights.layers[1].wo
+    assert np.abs(exact - q8).max() < 0.01 * np.abs(exact).max() + 1e-3
+
+
+def test_tiny_model_loads_any_llama_gguf(tmp_path: Path) -> None:
+    model = load_model(write_tiny_llama(tmp_path / "tiny.gguf"))
+    assert model.config.num_layers == 2 and model.config.head_dim == 16
+    assert model.weights.lm_head is model.weights.embedding  # no output.weight: tied
+
+
+def _cli_error(args: list[str]) -> subprocess.CompletedProcess[str]:
+    code = "import sys; from service.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "unsupported_arch", "truncated"])
+def test_unservable_files_give_one_clear_error(tmp_path: Path, case: str) -> None:
+    path = tmp_path / "model.gguf"
+    if case == "not_gguf":
+        path.write_bytes(b"PK\x03\x04 this is a zip, not a model" * 10)
+    elif case == "unsupported_arch":
+        write_tiny_llama(path, arch="mamba")
+    elif case == "truncated":
+        path.write_bytes(write_tiny_llama(tmp_path / "full.gguf").read_bytes()[:200])
+    with pytest.raises(ModelLoadError) as info:
+        load_model(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    result = _cli_error(["generate", "--model", str(path), "--prompt", "hi"])
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0
+    assert result.stdout == ""
+
+
+def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:
+    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=Q.F32)
+    data = bytearray(path.read_bytes())
+    raw = read_gguf(path)
+    info = raw.tensors["blk.1.ffn_up.weight"]
+    # Rewrite that tensor's type field to I64 (same 8-byte element size as 2 x F32 would need: shape halves).
+    name = b"blk.1.ffn_up.weight"
+    at = data.index(name) + len(name) + 4 + 8 * len(info.shape)
+    data[at : at + 4] = int(Q.I32).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"blk\.1\.ffn_up\.weight.*I32"):
+        load_model(path)
+
+
+def test_default_model_loads_quickly_enough_to_report() -> None:
+    model = load_model()
+    assert model.load_seconds > 0 and model.weights.num_bytes > 500e6  # float32, about 538 MB

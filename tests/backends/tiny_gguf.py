@@ -1,0 +1,65 @@
+"""Write small Llama-architecture GGUF files for tests: random weights in the quantization types we load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *[chr(c) for c in range(ord("a"), ord("z") + 1)], "Ġ",
+          "ab", "Ġa"]
+
+
+def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0) -> Path:
+    """2 layers, hidden 64, 4 heads (2 KV heads), vocab of 32 tokens; matrices stored as `weight_type`."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), arch)
+    _metadata(writer, arch)
+    hidden, ffn, kv = 64, 128, 32
+    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)), weight_type)
+    _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
+    for i in range(2):
+        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
+            _tensor(writer, f"blk.{i}.{name}.weight", rng.normal(0, 0.2, shape), weight_type)
+        for name in ("attn_norm", "ffn_norm"):
+            _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, hidden), Q.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _metadata(writer: gguf.GGUFWriter, arch: str) -> None:
+    writer.add_block_count(2)
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(16)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(TOKENS))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(TOKENS)
+    writer.add_token_types([3, 3, 3] + [1] * (len(TOKENS) - 3))
+    writer.add_token_merges(["a b", "Ġ a"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def _tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
+    data = values.astype(np.float32)
+    if qtype == Q.F32 or data.ndim == 1:
+        writer.add_tensor(name, data)
+    elif qtype == Q.F16:
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        writer.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)
