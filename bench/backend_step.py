@@ -1,0 +1,126 @@
+"""NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size.
+
+    python -m bench.backend_step [--repeats N]
+
+Prints the machine's copy bandwidth, the time to stream the float32 weights once at that bandwidth (the
+floor for a batch-1 decode step), prefill tokens/s at 512 tokens, decode step time and aggregate tokens/s at
+batch 1, 8, 32 and 64 with 256-token contexts, the share of the batch-64 step spent in attention, and the
+BLAS library and kernel that ran. To benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE,
+unset it (and OPENBLAS_L2_SIZE) for this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_info
+
+import backends.numpy_backend.model as model_module
+from backends.model.loader import load_model
+from backends.numpy_backend.backend import NumpyBackend
+from tests.backends.batches import SeqState, make_batch
+
+BLOCK = 16
+CONTEXT = 256
+BATCHES = (1, 8, 32, 64)
+
+
+def copy_bandwidth(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Bytes per second moved by a large array copy (read + write)."""
+    src = np.ones(num_bytes // 4, np.float32)
+    dst = np.empty_like(src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return 2 * num_bytes / best
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class AttentionTimer:
+    """Wraps the model's paged_attention to add up its time."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._inner = model_module.paged_attention
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = self._inner(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        return out
+
+
+def prefill_rate(backend: NumpyBackend, tokens: int = 512, repeats: int = 2) -> float:
+    ids = list(np.random.default_rng(0).integers(20, 40000, tokens))
+    seconds = []
+    for _ in range(repeats):
+        seq = SeqState(blocks=list(range(tokens // BLOCK)))
+        seconds.append(_timed(lambda: backend.compute_logits(make_batch([seq], [ids], BLOCK))))
+    return tokens / min(seconds)
+
+
+def decode_steps(backend: NumpyBackend, batch: int, repeats: int, timer: AttentionTimer) -> tuple[float, float]:
+    """Median decode step seconds with `batch` sequences at CONTEXT tokens, and the attention share."""
+    per_seq = CONTEXT // BLOCK + 1
+    seqs = [SeqState(blocks=list(range(i * per_seq, (i + 1) * per_seq)), tokens=[7] * (CONTEXT - 1))
+            for i in range(batch)]
+    steps, shares = [], []
+    for _ in range(repeats):
+        for s in seqs:
+            del s.tokens[CONTEXT - 1 :]
+        timer.seconds = 0.0
+        step = _timed(lambda: backend.execute(make_batch(seqs, [[11]] * batch, BLOCK)))
+        steps.append(step)
+        shares.append(timer.seconds / step)
+    return statistics.median(steps), statistics.median(shares)
+
+
+def blas_description() -> str:
+    infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
+                     f"threads={i['num_threads']}" for i in infos) or "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    model = load_model()
+    backend = NumpyBackend(model)
+    backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
+    timer = AttentionTimer()
+    model_module.paged_attention = timer  # type: ignore[assignment]
+    bandwidth = copy_bandwidth()
+    streamed = _streamed_bytes(model)
+    floor = streamed / bandwidth
+    print(f"BLAS: {blas_description()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(f"model load: {model.load_seconds:.2f} s; weights streamed per decode step: {streamed / 1e6:.0f} MB")
+    print(f"copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> weight-streaming time {floor * 1e3:.1f} ms")
+    print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")
+    print(f"{'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x batch1':>9} {'attn %':>7} {'step/floor':>10}")
+    base = None
+    for batch in BATCHES:
+        step, share = decode_steps(backend, batch, args.repeats, timer)
+        rate = batch / step
+        base = base or rate
+        print(f"{batch:>5} {step * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} {share * 100:>7.1f} {step / floor:>10.2f}")
+
+
+def _streamed_bytes(model: Any) -> int:
+    """Bytes a decode step must read: every layer matrix and the output head (not the embedding rows)."""
+    w = model.weights
+    return int(sum(a.nbytes for layer in w.layers for a in vars(layer).values()) + w.lm_head.nbytes
+               + w.final_norm.nbytes)
+
+
+if __name__ == "__main__":
+    main()
