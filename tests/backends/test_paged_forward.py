@@ -7,7 +7,7 @@ import pytest
 
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from tests.backends.batches import SeqState, make_batch
+from backends.manual_batch import SeqState, make_batch
 
 PROMPTS = [
     "The capital of France is",

@@ -16,7 +16,7 @@ from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
-from tests.backends.batches import SeqState, make_batch
+from backends.manual_batch import SeqState, make_batch
 
 GOLDEN = json.loads((Path(__file__).parent / "smollm2_golden.json").read_text())
 PROMPTS = {p["name"]: p for p in GOLDEN["prompts"]}

@@ -1,4 +1,4 @@
-"""Build StepBatches by hand for backend tests (the scheduler builds them in production)."""
+"""Build StepBatches by hand, for callers without a scheduler: backend tests and micro-benchmarks."""
 
 from __future__ import annotations
 

@@ -1,0 +1,22 @@
+// What the attention kernels share: where a token's K/V row lives in the paged cache.
+#pragma once
+
+#include "common.cuh"
+
+namespace ps {
+
+// Elements of a head one lane owns in the decode kernel's split (head_dim / 16 lanes per token).
+constexpr int kPerLane = 16;
+
+// One kv head's view of a paged cache shaped (num_blocks, block_size, num_kv_heads, head_dim).
+struct KvLayout {
+  int block_size, num_kv_heads, kv_head, head_dim;
+
+  // Element offset of the row for context position `pos` of the sequence whose block table row is `table`.
+  __device__ __forceinline__ long long offset(const int* table, int pos) const {
+    const long long block = table[pos / block_size];
+    return ((block * block_size + pos % block_size) * num_kv_heads + kv_head) * head_dim;
+  }
+};
+
+}  // namespace ps

@@ -1,0 +1,189 @@
+// Decode attention over a paged KV cache: one query token per sequence attends to its whole context, walking
+// the block table. Online softmax with float accumulation, so nothing scales with the context length in
+// shared memory. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+//
+// Grid: (num_heads, num_seqs, num_partitions). Block: kThreads. Partition z covers context positions
+// [z * partition_size, (z + 1) * partition_size). The plain kernel has one partition spanning the whole context
+// and writes `out`; the partitioned one writes each partition's max logit, exp sum and normalised output, and
+// paged_attention_reduce (paged_attention_reduce.cu) merges them.
+//
+// Work split: a lane group of kGroup = head_dim / 16 lanes owns one token at a time, each lane 16 of its
+// head_dim elements (16-byte loads). Every group keeps its own running max / sum / output over the tokens it
+// visits, so the token loop needs no cross-group communication; the block merges all groups once at the end.
+#include "attention_common.cuh"
+
+namespace ps_decode {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / ps::kWarpSize;
+
+template <typename T, int D>
+struct Split {
+  static constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
+  static constexpr int kGroup = D / ps::kPerLane;  // lanes per token
+  static constexpr int kLoads = ps::kPerLane / kVec;  // loads per lane per row
+  static constexpr int kTokensPerWarp = ps::kWarpSize / kGroup;
+  static constexpr int kGroups = kWarps * kTokensPerWarp;  // groups per block
+  // Element offset of load j of lane `gl` within a row: a group's lanes read adjacent 16-byte chunks.
+  static __device__ __forceinline__ int offset(int gl, int j) { return (gl + kGroup * j) * kVec; }
+};
+
+// A lane's share of its group's online softmax: running max m, sum l and unnormalised output acc.
+struct State {
+  float m, l, acc[ps::kPerLane];
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void visit_token(State& st, float score, const T* v_row, int gl) {
+  using S = Split<T, D>;
+  const float m_new = fmaxf(st.m, score);
+  const float alpha = __expf(st.m - m_new), p = __expf(score - m_new);
+  st.l = st.l * alpha + p;
+#pragma unroll
+  for (int j = 0; j < S::kLoads; ++j) {
+    float v[S::kVec];
+    ps::load_floats<T, S::kVec>(v_row + S::offset(gl, j), v);
+#pragma unroll
+    for (int e = 0; e < S::kVec; ++e) st.acc[j * S::kVec + e] = st.acc[j * S::kVec + e] * alpha + p * v[e];
+  }
+  st.m = m_new;
+}
+
+// Runs this lane's group over its share of the positions [start, end).
+template <typename T, int D>
+__device__ __forceinline__ State group_attend(const float* q, const T* k_cache, const T* v_cache,
+                                              const int* table, const ps::KvLayout& kv, int start, int end) {
+  using S = Split<T, D>;
+  const int lane = threadIdx.x % ps::kWarpSize, warp = threadIdx.x / ps::kWarpSize;
+  const int group = lane / S::kGroup, gl = lane % S::kGroup;
+  State st{ps::kNegBig, 0.0f, {}};
+  // The trip count depends only on the warp, so every lane reaches the group shuffle together.
+  for (int base = start + warp * S::kTokensPerWarp; base < end; base += kWarps * S::kTokensPerWarp) {
+    // Past-the-end groups score the last token again and ignore it: no branch before the shuffle.
+    const bool valid = base + group < end;
+    const long long off = kv.offset(table, ps::min_int(base + group, end - 1));
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S::kLoads; ++j) {
+      float k[S::kVec];
+      ps::load_floats<T, S::kVec>(k_cache + off + S::offset(gl, j), k);
+#pragma unroll
+      for (int e = 0; e < S::kVec; ++e) dot += q[j * S::kVec + e] * k[e];
+    }
+    dot = ps::group_sum<S::kGroup>(dot);
+    if (valid) visit_token<T, D>(st, dot, v_cache + off, gl);
+  }
+  return st;
+}
+
+// The block's merged result over all groups: max logit m, exp sum l, and out[d] for d = threadIdx.x + k * kThreads.
+template <int D>
+struct Merged {
+  float m, l, out[(D + kThreads - 1) / kThreads];
+};
+
+// Merges every group's state through shared memory (groups that saw no token carry m = kNegBig, l = 0).
+template <typename T, int D>
+__device__ __forceinline__ Merged<D> merge_groups(const State& st) {
+  using S = Split<T, D>;
+  __shared__ float s_m[S::kGroups], s_l[S::kGroups], s_w[S::kGroups];
+  __shared__ float s_acc[S::kGroups][D];
+  const int lane = threadIdx.x % ps::kWarpSize, gl = lane % S::kGroup;
+  const int g = threadIdx.x / ps::kWarpSize * S::kTokensPerWarp + lane / S::kGroup;
+#pragma unroll
+  for (int j = 0; j < S::kLoads; ++j) {
+#pragma unroll
+    for (int e = 0; e < S::kVec; ++e) s_acc[g][S::offset(gl, j) + e] = st.acc[j * S::kVec + e];
+  }
+  if (gl == 0) {
+    s_m[g] = st.m;
+    s_l[g] = st.l;
+  }
+  __syncthreads();
+  Merged<D> r{ps::kNegBig, 0.0f, {}};
+  for (int i = 0; i < S::kGroups; ++i) r.m = fmaxf(r.m, s_m[i]);
+  for (int i = threadIdx.x; i < S::kGroups; i += kThreads) s_w[i] = __expf(s_m[i] - r.m);
+  __syncthreads();
+  for (int i = 0; i < S::kGroups; ++i) r.l += s_l[i] * s_w[i];
+#pragma unroll
+  for (int k = 0; k < (D + kThreads - 1) / kThreads; ++k) {
+    const int d = threadIdx.x + k * kThreads;
+    if (d >= D) break;
+    float o = 0.0f;
+    for (int i = 0; i < S::kGroups; ++i) o += s_acc[i][d] * s_w[i];
+    r.out[k] = o / r.l;
+  }
+  return r;
+}
+
+template <typename T, int D, bool kPartial>
+__device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ exp_sums,
+                                       float* __restrict__ max_logits, float* __restrict__ tmp_out,
+                                       const T* __restrict__ q, const T* __restrict__ k_cache,
+                                       const T* __restrict__ v_cache, const int* __restrict__ block_tables,
+                                       const int* __restrict__ context_lens, float scale, int num_kv_heads,
+                                       int max_blocks_per_seq, int block_size, int q_stride,
+                                       int partition_size) {
+  using S = Split<T, D>;
+  const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
+  const long long row = static_cast<long long>(seq) * num_heads + head;
+  const int ctx = context_lens[seq];
+  const int start = kPartial ? blockIdx.z * partition_size : 0;
+  const int end = kPartial ? ps::min_int(start + partition_size, ctx) : ctx;
+  if (start >= end) {
+    // Past the context: the reduce kernel never reads this partition. An empty (padding) sequence gets zeros.
+    if (!kPartial) {
+      for (int d = threadIdx.x; d < D; d += kThreads) out[row * D + d] = ps::from_float<T>(0.0f);
+    }
+    return;
+  }
+  const ps::KvLayout kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
+  const int gl = threadIdx.x % ps::kWarpSize % S::kGroup;
+  float qf[ps::kPerLane];
+#pragma unroll
+  for (int j = 0; j < S::kLoads; ++j) {
+    ps::load_floats<T, S::kVec>(q + seq * static_cast<long long>(q_stride) + head * D + S::offset(gl, j),
+                                qf + j * S::kVec);
+  }
+#pragma unroll
+  for (int i = 0; i < ps::kPerLane; ++i) qf[i] *= scale;
+  const int* table = block_tables + static_cast<long long>(seq) * max_blocks_per_seq;
+  const Merged<D> r = merge_groups<T, D>(group_attend<T, D>(qf, k_cache, v_cache, table, kv, start, end));
+
+  const long long part = row * gridDim.z + blockIdx.z;
+#pragma unroll
+  for (int k = 0; k < (D + kThreads - 1) / kThreads; ++k) {
+    const int d = threadIdx.x + k * kThreads;
+    if (d >= D) break;
+    if (kPartial) {
+      tmp_out[part * D + d] = r.out[k];
+    } else {
+      out[row * D + d] = ps::from_float<T>(r.out[k]);
+    }
+  }
+  if (kPartial && threadIdx.x == 0) {
+    max_logits[part] = r.m;
+    exp_sums[part] = r.l;
+  }
+}
+
+}  // namespace ps_decode
+
+#define PS_DEFINE_DECODE(SUFFIX, T, D)                                                                       \
+  extern "C" __global__ void paged_attention_decode_##SUFFIX##_d##D(                                         \
+      T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,                       \
+      const int* context_lens, float scale, int num_kv_heads, int max_blocks_per_seq, int block_size,        \
+      int q_stride) {                                                                                        \
+    ps_decode::decode<T, D, false>(out, nullptr, nullptr, nullptr, q, k_cache, v_cache, block_tables,        \
+                                   context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,        \
+                                   q_stride, 0);                                                             \
+  }                                                                                                          \
+  extern "C" __global__ void paged_attention_decode_partitioned_##SUFFIX##_d##D(                             \
+      float* exp_sums, float* max_logits, float* tmp_out, const T* q, const T* k_cache, const T* v_cache,    \
+      const int* block_tables, const int* context_lens, float scale, int num_kv_heads,                       \
+      int max_blocks_per_seq, int block_size, int q_stride, int partition_size) {                            \
+    ps_decode::decode<T, D, true>(nullptr, exp_sums, max_logits, tmp_out, q, k_cache, v_cache, block_tables, \
+                                  context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,         \
+                                  q_stride, partition_size);                                                 \
+  }
+PS_FOR_EACH_DTYPE_AND_HEAD_DIM(PS_DEFINE_DECODE)

@@ -1,0 +1,195 @@
+"""Launch geometry and argument types of the CUDA kernels in `kernels/`.
+
+Pure functions with no CUDA import, used by the CuPy backend and by the CPU emulation tests, so the grid a
+kernel is written for is stated once. Each returns a `Launch`: the extern "C" symbol, grid, block, dynamic
+shared memory bytes, and the argument types in order ('p' device pointer, 'i' int32, 'f' float32), which the
+emulation checks against the kernel's real parameters. Argument order is documented on each function.
+
+Layout preconditions (the kernels move 16-byte vectors): head_dim in HEAD_DIMS, and every row stride of a
+q/k/v view a multiple of 16 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WARP_SIZE = 32
+HEAD_DIMS = (64, 128)
+DTYPE_SUFFIXES = (("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16"))
+ATTENTION_THREADS = 128  # kThreads in paged_attention_decode.cu and paged_prefill_attention.cu
+DEFAULT_PARTITION_SIZE = 512
+PREFILL_Q_TILE = 16  # kQTile in paged_prefill_attention.cu
+PREFILL_K_TILE = 32  # kKTile
+ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    arg_types: str
+
+
+def suffix(dtype: str) -> str:
+    """'float16' -> 'f16': the dtype part of a kernel name."""
+    for name, short in DTYPE_SUFFIXES:
+        if dtype == name:
+            return short
+    raise ValueError(f"unsupported kernel dtype {dtype!r}; expected one of {[n for n, _ in DTYPE_SUFFIXES]}")
+
+
+def _attention_name(base: str, dtype: str, head_dim: int) -> str:
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} not compiled; kernels exist for {HEAD_DIMS}")
+    return f"{base}_{suffix(dtype)}_d{head_dim}"
+
+
+def _check_gqa(num_heads: int, num_kv_heads: int) -> None:
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+
+
+def _row_block(work: int) -> tuple[int, int, int]:
+    """Threads for a one-block-per-row kernel: enough warps for `work` items, at most ROW_THREADS_MAX."""
+    warps = max(1, min(ROW_THREADS_MAX // WARP_SIZE, -(-work // WARP_SIZE)))
+    return (warps * WARP_SIZE, 1, 1)
+
+
+def reshape_and_cache(dtype: str, num_tokens: int, num_kv_heads: int, head_dim: int) -> Launch:
+    """Args: key, value, k_cache, v_cache, slot_mapping (int64), num_kv_heads, head_dim, key_stride,
+    value_stride (elements between token rows of key / value)."""
+    return Launch(
+        f"reshape_and_cache_{suffix(dtype)}",
+        (num_tokens, 1, 1),
+        _row_block(num_kv_heads * head_dim // 4),
+        0,
+        "pppppiiii",
+    )
+
+
+def num_partitions(max_context_len: int, partition_size: int = DEFAULT_PARTITION_SIZE) -> int:
+    return max(1, -(-max_context_len // partition_size))
+
+
+def use_partitioned_decode(
+    max_context_len: int, num_seqs: int, num_heads: int, partition_size: int = DEFAULT_PARTITION_SIZE
+) -> bool:
+    """Split long contexts when the plain grid would leave the GPU underfilled (few sequences x heads)
+    or a single block would walk a very long context."""
+    parts = num_partitions(max_context_len, partition_size)
+    return parts > 1 and (max_context_len > 8192 or num_seqs * num_heads <= 512)
+
+
+def paged_attention_decode(
+    dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int
+) -> Launch:
+    """Args: out (seqs, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, scale (float),
+    num_kv_heads, max_blocks_per_seq, block_size, q_stride."""
+    _check_gqa(num_heads, num_kv_heads)
+    return Launch(
+        _attention_name("paged_attention_decode", dtype, head_dim),
+        (num_heads, num_seqs, 1),
+        (ATTENTION_THREADS, 1, 1),
+        0,
+        "ppppppfiiii",
+    )
+
+
+def paged_attention_decode_partitioned(
+    dtype: str,
+    head_dim: int,
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    partition_size: int = DEFAULT_PARTITION_SIZE,
+) -> Launch:
+    """Args: exp_sums, max_logits (float, (seqs, heads, partitions)), tmp_out (float, (seqs, heads,
+    partitions, head_dim)), q, k_cache, v_cache, block_tables, context_lens, scale (float), num_kv_heads,
+    max_blocks_per_seq, block_size, q_stride, partition_size. Partitions = grid z = num_partitions()."""
+    _check_gqa(num_heads, num_kv_heads)
+    return Launch(
+        _attention_name("paged_attention_decode_partitioned", dtype, head_dim),
+        (num_heads, num_seqs, num_partitions(max_context_len, partition_size)),
+        (ATTENTION_THREADS, 1, 1),
+        0,
+        "ppppppppfiiiii",
+    )
+
+
+def paged_attention_reduce(dtype: str, head_dim: int, num_seqs: int, num_heads: int) -> Launch:
+    """Args: out, exp_sums, max_logits, tmp_out, context_lens, max_partitions, partition_size."""
+    return Launch(
+        _attention_name("paged_attention_reduce", dtype, head_dim),
+        (num_heads, num_seqs, 1),
+        (head_dim, 1, 1),
+        0,
+        "pppppii",
+    )
+
+
+def prefill_shared_mem(head_dim: int) -> int:
+    """Bytes of the Smem<D> layout in paged_prefill_attention.cu: q tile, padded K tile, V tile, and per
+    warp a score row and a probability row."""
+    q, k, v = PREFILL_Q_TILE * head_dim, PREFILL_K_TILE * (head_dim + 1), PREFILL_K_TILE * head_dim
+    rows = (ATTENTION_THREADS // WARP_SIZE) * 2 * PREFILL_K_TILE
+    return 4 * (q + k + v + rows)
+
+
+def paged_prefill_attention(
+    dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int, max_query_len: int
+) -> Launch:
+    """Args: out (tokens, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, query_start
+    (seqs + 1), scale (float), num_kv_heads, max_blocks_per_seq, block_size, q_stride."""
+    _check_gqa(num_heads, num_kv_heads)
+    q_tiles = max(1, -(-max_query_len // PREFILL_Q_TILE))
+    return Launch(
+        _attention_name("paged_prefill_attention", dtype, head_dim),
+        (num_heads, num_seqs, q_tiles),
+        (ATTENTION_THREADS, 1, 1),
+        prefill_shared_mem(head_dim),
+        "pppppppfiiii",
+    )
+
+
+def rms_norm(dtype: str, num_tokens: int, hidden: int) -> Launch:
+    """Args: out, input, weight, eps (float), hidden. `out` may be `input`."""
+    return Launch(f"rms_norm_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(hidden), 0, "pppfi")
+
+
+def fused_add_rms_norm(dtype: str, num_tokens: int, hidden: int) -> Launch:
+    """Args: out, input, residual (updated to input + residual), weight, eps (float), hidden."""
+    return Launch(f"fused_add_rms_norm_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(hidden), 0, "ppppfi")
+
+
+def rope(dtype: str, num_tokens: int, num_heads: int, num_kv_heads: int, rot_dim: int) -> Launch:
+    """Args: positions (int32), q, k, cos_sin_cache (float, (max_position, rot_dim)), rot_dim, num_heads,
+    num_kv_heads, head_dim, q_stride, k_stride. In place on q and k."""
+    pairs = (num_heads + num_kv_heads) * (rot_dim // 2)
+    return Launch(f"rope_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(pairs), 0, "ppppiiiiii")
+
+
+def silu_mul(dtype: str, num_tokens: int, d: int) -> Launch:
+    """Args: out (tokens, d), input (tokens, 2 * d), d."""
+    return Launch(f"silu_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
+
+
+def all_kernel_names() -> tuple[str, ...]:
+    """Every exported kernel symbol, for loading modules and for checking the sources export them all."""
+    names: list[str] = []
+    for dtype, short in DTYPE_SUFFIXES:
+        names += [f"{base}_{short}" for base in ("reshape_and_cache", "rms_norm", "fused_add_rms_norm")]
+        names += [f"rope_{short}", f"silu_mul_{short}"]
+        for head_dim in HEAD_DIMS:
+            names += [
+                _attention_name(base, dtype, head_dim)
+                for base in (
+                    "paged_attention_decode",
+                    "paged_attention_decode_partitioned",
+                    "paged_attention_reduce",
+                    "paged_prefill_attention",
+                )
+            ]
+    return tuple(names)
