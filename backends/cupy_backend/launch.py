@@ -60,13 +60,11 @@ def _row_block(work: int) -> tuple[int, int, int]:
 def reshape_and_cache(dtype: str, num_tokens: int, num_kv_heads: int, head_dim: int) -> Launch:
     """Args: key, value, k_cache, v_cache, slot_mapping (int64), num_kv_heads, head_dim, key_stride,
     value_stride (elements between token rows of key / value)."""
-    return Launch(
-        f"reshape_and_cache_{suffix(dtype)}",
-        (num_tokens, 1, 1),
-        _row_block(num_kv_heads * head_dim // 4),
-        0,
-        "pppppiiii",
-    )
+    per_vector = 4 if dtype == "float32" else 8  # elements per 16-byte move
+    if head_dim % per_vector:
+        raise ValueError(f"head_dim {head_dim} is not a whole number of 16-byte vectors")
+    vectors = num_kv_heads * head_dim // per_vector
+    return Launch(f"reshape_and_cache_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(vectors), 0, "pppppiiii")
 
 
 def num_partitions(max_context_len: int, partition_size: int = DEFAULT_PARTITION_SIZE) -> int:
@@ -82,9 +80,7 @@ def use_partitioned_decode(
     return parts > 1 and (max_context_len > 8192 or num_seqs * num_heads <= 512)
 
 
-def paged_attention_decode(
-    dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int
-) -> Launch:
+def paged_attention_decode(dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int) -> Launch:
     """Args: out (seqs, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, scale (float),
     num_kv_heads, max_blocks_per_seq, block_size, q_stride."""
     _check_gqa(num_heads, num_kv_heads)

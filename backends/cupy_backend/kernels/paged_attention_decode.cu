@@ -33,19 +33,13 @@ struct State {
   float m, l, acc[ps::kPerLane];
 };
 
-template <typename T, int D>
-__device__ __forceinline__ void visit_token(State& st, float score, const T* v_row, int gl) {
-  using S = Split<T, D>;
+// Folds one token (its score and this lane's slice of its V row) into the running state.
+__device__ __forceinline__ void visit_token(State& st, float score, const float* v) {
   const float m_new = fmaxf(st.m, score);
   const float alpha = __expf(st.m - m_new), p = __expf(score - m_new);
   st.l = st.l * alpha + p;
 #pragma unroll
-  for (int j = 0; j < S::kLoads; ++j) {
-    float v[S::kVec];
-    ps::load_floats<T, S::kVec>(v_row + S::offset(gl, j), v);
-#pragma unroll
-    for (int e = 0; e < S::kVec; ++e) st.acc[j * S::kVec + e] = st.acc[j * S::kVec + e] * alpha + p * v[e];
-  }
+  for (int i = 0; i < ps::kPerLane; ++i) st.acc[i] = st.acc[i] * alpha + p * v[i];
   st.m = m_new;
 }
 
@@ -59,24 +53,26 @@ __device__ __forceinline__ State group_attend(const float* q, const T* k_cache, 
   State st{ps::kNegBig, 0.0f, {}};
   // The trip count depends only on the warp, so every lane reaches the group shuffle together.
   for (int base = start + warp * S::kTokensPerWarp; base < end; base += kWarps * S::kTokensPerWarp) {
-    // Past-the-end groups score the last token again and ignore it: no branch before the shuffle.
+    // Past-the-end groups load the last token again and ignore it: no branch before the shuffle. V is
+    // loaded together with K (it does not depend on the score) so both requests are in flight at once.
     const bool valid = base + group < end;
     const long long off = kv.offset(table, ps::min_int(base + group, end - 1));
-    float dot = 0.0f;
+    float k[ps::kPerLane], v[ps::kPerLane];
 #pragma unroll
     for (int j = 0; j < S::kLoads; ++j) {
-      float k[S::kVec];
-      ps::load_floats<T, S::kVec>(k_cache + off + S::offset(gl, j), k);
-#pragma unroll
-      for (int e = 0; e < S::kVec; ++e) dot += q[j * S::kVec + e] * k[e];
+      ps::load_floats<T, S::kVec>(k_cache + off + S::offset(gl, j), k + j * S::kVec);
+      ps::load_floats<T, S::kVec>(v_cache + off + S::offset(gl, j), v + j * S::kVec);
     }
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ps::kPerLane; ++i) dot += q[i] * k[i];
     dot = ps::group_sum<S::kGroup>(dot);
-    if (valid) visit_token<T, D>(st, dot, v_cache + off, gl);
+    if (valid) visit_token(st, dot, v);
   }
   return st;
 }
 
-// The block's merged result over all groups: max logit m, exp sum l, and out[d] for d = threadIdx.x + k * kThreads.
+// The block's merge of all groups: max logit m, exp sum l, and out[k] for element threadIdx.x + k * kThreads.
 template <int D>
 struct Merged {
   float m, l, out[(D + kThreads - 1) / kThreads];

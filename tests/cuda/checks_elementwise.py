@@ -1,0 +1,96 @@
+"""Emulated per-token kernels against the NumPy reference: reshape_and_cache, RMSNorm (plain and fused with
+the residual add), RoPE and SiLU-multiply."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.cupy_backend import launch, reference
+from tests.cuda.dtypes import DType
+from tests.cuda.emu_data import assert_close, flat_from, make_qkv, nan_like
+from tests.cuda.emu_lib import Arg, EmuLib
+
+EPS = 1e-5
+ROPE_THETA = 10000.0
+MAX_POSITION = 4096
+
+
+def check_reshape_and_cache(lib: EmuLib, dt: DType, tokens: int = 9, seed: int = 0) -> None:
+    """K/V rows taken from a fused QKV buffer (strided), written to shuffled slots; two padding slots."""
+    heads, kv_heads, head_dim, blocks, block_size = 4, 2, 64, 6, 16
+    rng = np.random.default_rng(seed)
+    qkv = make_qkv(rng, dt, tokens, heads, kv_heads, head_dim)
+    slots = rng.permutation(blocks * block_size)[:tokens].astype(np.int64)
+    slots[[1, tokens - 2]] = -1
+    shape = (blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = (dt.encode(rng.standard_normal(shape)) for _ in range(2))
+    k_off, v_off = heads * head_dim, (heads + kv_heads) * head_dim
+    values = dt.decode(qkv)
+    key = values[:, k_off:v_off].reshape(tokens, kv_heads, head_dim)
+    value = values[:, v_off:].reshape(tokens, kv_heads, head_dim)
+    want_k, want_v = reference.reshape_and_cache(key, value, dt.decode(k_cache), dt.decode(v_cache), slots)
+    spec = launch.reshape_and_cache(dt.name, tokens, kv_heads, head_dim)
+    stride = qkv.shape[1]
+    args: list[Arg] = [flat_from(qkv, k_off), flat_from(qkv, v_off), k_cache, v_cache, slots, kv_heads, head_dim]
+    lib.launch(spec, [*args, stride, stride])
+    # A copy: exact.
+    assert_close(dt.decode(k_cache), want_k, 0.0, 0.0, f"{spec.name} k_cache")
+    assert_close(dt.decode(v_cache), want_v, 0.0, 0.0, f"{spec.name} v_cache")
+
+
+def check_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, hidden: int = 200, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    x = dt.encode(rng.standard_normal((tokens, hidden)) * 3.0)
+    weight = dt.encode(1.0 + 0.1 * rng.standard_normal(hidden))
+    expected = reference.rms_norm(dt.decode(x), dt.decode(weight), EPS)
+    spec = launch.rms_norm(dt.name, tokens, hidden)
+    out = nan_like(dt, x.shape)
+    lib.launch(spec, [out, x, weight, EPS, hidden])
+    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, spec.name)
+    lib.launch(spec, [x, x, weight, EPS, hidden])
+    assert_close(dt.decode(x), expected, dt.atol, dt.rtol, f"{spec.name} in place")
+
+
+def check_fused_add_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, hidden: int = 200, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    x, residual = (dt.encode(rng.standard_normal((tokens, hidden))) for _ in range(2))
+    weight = dt.encode(1.0 + 0.1 * rng.standard_normal(hidden))
+    # The stored sum is the float32 sum rounded once to the storage dtype: exact.
+    want_sum = dt.round_trip((dt.decode(x) + dt.decode(residual)).astype(np.float32))
+    want_out = reference.fused_add_rms_norm(dt.decode(x), dt.decode(residual), dt.decode(weight), EPS)[0]
+    spec = launch.fused_add_rms_norm(dt.name, tokens, hidden)
+    out = nan_like(dt, x.shape)
+    lib.launch(spec, [out, x, residual, weight, EPS, hidden])
+    assert_close(dt.decode(residual), want_sum, 0.0, 0.0, f"{spec.name} residual")
+    assert_close(dt.decode(out), want_out, dt.atol, dt.rtol, spec.name)
+
+
+def check_rope(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int = 7, seed: int = 0) -> None:
+    """In place on q and k, both strided views of one fused QKV buffer; v and the rest must not change."""
+    heads, kv_heads, head_dim = 6, 2, 64
+    rng = np.random.default_rng(seed)
+    qkv = make_qkv(rng, dt, tokens, heads, kv_heads, head_dim)
+    before = dt.decode(qkv)
+    positions = rng.integers(0, MAX_POSITION, tokens).astype(np.int32)
+    cache = reference.rope_cos_sin_cache(MAX_POSITION, rot_dim, ROPE_THETA)
+    k_off = heads * head_dim
+    expected = before.copy()
+    q, k = before[:, :k_off], before[:, k_off : k_off + kv_heads * head_dim]
+    expected[:, :k_off] = reference.rope(positions, q.reshape(tokens, heads, -1), cache).reshape(tokens, -1)
+    k_rot = reference.rope(positions, k.reshape(tokens, kv_heads, -1), cache).reshape(tokens, -1)
+    expected[:, k_off : k_off + kv_heads * head_dim] = k_rot
+    spec = launch.rope(dt.name, tokens, heads, kv_heads, rot_dim)
+    stride = qkv.shape[1]
+    args: list[Arg] = [positions, flat_from(qkv, 0), flat_from(qkv, k_off), cache, rot_dim, heads, kv_heads, head_dim]
+    lib.launch(spec, [*args, stride, stride])
+    assert_close(dt.decode(qkv), expected, dt.atol, dt.rtol, f"{spec.name} rot_dim {rot_dim}")
+
+
+def check_silu_mul(lib: EmuLib, dt: DType, tokens: int = 5, d: int = 200, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    x = dt.encode(rng.standard_normal((tokens, 2 * d)) * 4.0)
+    expected = reference.silu_mul(dt.decode(x))
+    spec = launch.silu_mul(dt.name, tokens, d)
+    out = nan_like(dt, (tokens, d))
+    lib.launch(spec, [out, x, d])
+    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, spec.name)

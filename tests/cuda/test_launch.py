@@ -1,0 +1,48 @@
+"""launch.py's geometry stays within what the kernels assume (no compilers needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.cupy_backend import launch
+
+
+def test_names_are_unique_and_cover_every_dtype_and_head_dim() -> None:
+    names = launch.all_kernel_names()
+    assert len(names) == len(set(names)) == 3 * (5 + 4 * len(launch.HEAD_DIMS))
+    assert "paged_attention_decode_bf16_d128" in names and "rope_f16" in names
+
+
+@pytest.mark.parametrize("head_dim", launch.HEAD_DIMS)
+def test_prefill_shared_memory_fits_the_default_48k(head_dim: int) -> None:
+    spec = launch.paged_prefill_attention("float16", head_dim, 3, 8, 2, 37)
+    assert spec.shared_mem <= 48 * 1024
+    assert spec.grid == (8, 3, 3)
+
+
+def test_partitions_cover_the_longest_context() -> None:
+    spec = launch.paged_attention_decode_partitioned("float32", 64, 2, 4, 4, 1025, 512)
+    assert spec.grid == (4, 2, 3)
+    assert launch.num_partitions(512, 512) == 1 and launch.num_partitions(0) == 1
+
+
+def test_row_kernels_use_whole_warps_up_to_the_cap() -> None:
+    for hidden in (1, 31, 33, 200, 4096):
+        threads = launch.rms_norm("bfloat16", 5, hidden).block[0]
+        assert threads % launch.WARP_SIZE == 0 and threads <= launch.ROW_THREADS_MAX
+
+
+def test_rejects_what_the_kernels_cannot_do() -> None:
+    with pytest.raises(ValueError):
+        launch.paged_attention_decode("float16", 96, 1, 8, 2)
+    with pytest.raises(ValueError):
+        launch.paged_attention_decode("float16", 64, 1, 8, 3)
+    with pytest.raises(ValueError):
+        launch.silu_mul("float64", 1, 8)
+
+
+def test_use_partitioned_only_for_long_contexts_on_small_grids() -> None:
+    assert not launch.use_partitioned_decode(512, 1, 32)
+    assert launch.use_partitioned_decode(4096, 1, 32)
+    assert not launch.use_partitioned_decode(4096, 64, 32)
+    assert launch.use_partitioned_decode(16384, 64, 32)

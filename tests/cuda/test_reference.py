@@ -1,0 +1,97 @@
+"""The NumPy references agree with independent formulations of the same math, so the kernels are checked
+against the intended semantics (no compilers needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.cupy_backend import reference
+from tests.cuda.dtypes import FLOAT32
+from tests.cuda.emu_data import make_paged_kv
+
+
+def _dense_causal(q: np.ndarray, k: np.ndarray, v: np.ndarray, first_pos: int, scale: float) -> np.ndarray:
+    """Plain loops: query i (position first_pos + i) over keys 0..first_pos + i, kv head h // group."""
+    group = q.shape[1] // k.shape[1]
+    out = np.zeros(q.shape)
+    for i in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            keys = k[: first_pos + i + 1, h // group]
+            s = keys @ q[i, h] * scale
+            w = np.exp(s - s.max())
+            out[i, h] = w @ v[: first_pos + i + 1, h // group] / w.sum()
+    return out
+
+
+def test_prefill_reference_is_causal_attention_over_prefix_and_chunk() -> None:
+    rng = np.random.default_rng(1)
+    prefix, chunk, heads, kv_heads, d = [9, 0], [6, 4], 6, 2, 8
+    kv = make_paged_kv(rng, FLOAT32, [p + c for p, c in zip(prefix, chunk, strict=True)], kv_heads, d, 4)
+    query_start = np.array([0, 6, 10], np.int32)
+    q = rng.standard_normal((10, heads, d))
+    got = reference.paged_prefill_attention(
+        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, query_start, 0.3
+    )
+    for b in range(2):
+        ctx = int(kv.context_lens[b])
+        k = reference.gather_context(kv.k_values, kv.block_tables[b], ctx)
+        v = reference.gather_context(kv.v_values, kv.block_tables[b], ctx)
+        lo, hi = query_start[b], query_start[b + 1]
+        np.testing.assert_allclose(got[lo:hi], _dense_causal(q[lo:hi], k, v, prefix[b], 0.3), rtol=1e-12)
+
+
+def test_decode_is_prefill_with_one_query() -> None:
+    rng = np.random.default_rng(2)
+    kv = make_paged_kv(rng, FLOAT32, [5, 21, 1], 1, 8, 4)
+    q = rng.standard_normal((3, 4, 8))
+    decode = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, 0.5)
+    prefill = reference.paged_prefill_attention(
+        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, np.arange(4, dtype=np.int32), 0.5
+    )
+    np.testing.assert_allclose(decode, prefill, rtol=1e-12)
+
+
+def test_partials_reduce_to_decode() -> None:
+    rng = np.random.default_rng(3)
+    kv = make_paged_kv(rng, FLOAT32, [23, 7, 0], 2, 8, 4)
+    q = rng.standard_normal((3, 4, 8))
+    args = (q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, 0.5)
+    sums, maxes, outs = reference.paged_attention_partials(*args, partition_size=5, max_partitions=5)
+    merged = reference.paged_attention_reduce(sums, maxes, outs, kv.context_lens, 5)
+    np.testing.assert_allclose(merged, reference.paged_attention_decode(*args), rtol=1e-12, atol=1e-15)
+
+
+def test_rope_cache_matches_the_theta_formula() -> None:
+    rng = np.random.default_rng(4)
+    positions = np.array([0, 1, 17, 4095], np.int32)
+    x = rng.standard_normal((4, 3, 64))
+    cache = reference.rope_cos_sin_cache(4096, 64, 10000.0)
+    np.testing.assert_allclose(
+        reference.rope(positions, x, cache), reference.rope_from_theta(positions, x, 10000.0), atol=2e-6
+    )
+
+
+def test_rope_rotates_interleaved_pairs() -> None:
+    """Pair (0, 1) of a head at position 1 with theta_0 = 1 rad: (1, 0) -> (cos 1, sin 1)."""
+    x = np.zeros((1, 1, 4))
+    x[0, 0, 0] = 1.0
+    out = reference.rope_from_theta(np.array([1]), x, 10000.0)
+    np.testing.assert_allclose(out[0, 0, :2], [np.cos(1.0), np.sin(1.0)])
+
+
+def test_norms_and_activation() -> None:
+    x = np.array([[3.0, 4.0]])
+    np.testing.assert_allclose(
+        reference.rms_norm(x, np.array([1.0, 2.0]), 0.0), [[3 / np.sqrt(12.5), 8 / np.sqrt(12.5)]]
+    )
+    out, total = reference.fused_add_rms_norm(x, -x + 1.0, np.ones(2), 0.0)
+    np.testing.assert_allclose(total, [[1.0, 1.0]])
+    np.testing.assert_allclose(out, [[1.0, 1.0]])
+    np.testing.assert_allclose(reference.silu_mul(np.array([[0.0, 2.0, 5.0, 3.0]])), [[0.0, 2 / (1 + np.exp(-2)) * 3]])
+
+
+def test_reshape_and_cache_skips_negative_slots() -> None:
+    cache = np.zeros((2, 2, 1, 1))
+    key = np.array([[[1.0]], [[2.0]], [[3.0]]])
+    k, _ = reference.reshape_and_cache(key, key, cache, cache, np.array([3, -1, 0]))
+    np.testing.assert_array_equal(k.reshape(-1), [3.0, 0.0, 0.0, 1.0])
