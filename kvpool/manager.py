@@ -199,8 +199,9 @@ class KVCacheManager:
         done = len(table.hashes)
         count = table.num_tokens // self.block_size - done
         new_hashes = self._hasher.extend_chain(table.hashes, token_ids, count)
-        for block, block_hash in zip(table.blocks[done:], new_hashes, strict=False):
-            self._pool.register(block, block_hash)
+        register, blocks = self._pool.register, table.blocks
+        for index, block_hash in enumerate(new_hashes, done):
+            register(blocks[index], block_hash)
         table.hashes.extend(new_hashes)
 
     def take_block_copies(self) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ def slots_for(blocks: list[int], block_size: int, start: int, end: int) -> list[
     if start >= end:
         return []
     index, offset = divmod(start, block_size)
-    if offset + end - start <= block_size:  # one block: the decode and aligned-chunk fast path
+    if offset + end - start <= block_size:  # within one block, e.g. an aligned 16-token chunk
         base = blocks[index] * block_size
         return list(range(base + offset, base + offset + end - start))
     slots: list[int] = []
