@@ -1,0 +1,68 @@
+"""Build the serving stack from an AppConfig: model files, backend, KV cache manager, then engine or LLM."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from backends.base import Backend
+from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
+from backends.registry import create_backend
+from kvpool import KVCacheManager, KVSpec
+from scheduler.engine import Engine
+from scheduler.llm import LLM
+from scheduler.output_processor import TokenizerLike
+from service.config import AppConfig
+from service.state import Runtime
+from telemetry.interface import EngineObserver
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    files: ModelFiles
+    backend: Backend
+    kv: KVCacheManager
+    max_model_len: int
+
+
+def model_name(config: AppConfig) -> str:
+    """What /v1/models lists and requests must name: the configured name, else the model's."""
+    if config.service.served_model_name:
+        return config.service.served_model_name
+    return DEFAULT_MODEL_NAME if config.backend.model is None else Path(config.backend.model).stem
+
+
+def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelParts:
+    """Blocking (the weights load here): the server runs it in a worker thread. `files` skips re-reading
+    the model's header and tokenizer when the caller already has them."""
+    if files is None:
+        _, files = open_model(config.backend.model)
+    backend = create_backend(config.backend, files)
+    max_len = config.scheduler.max_model_len or files.config.context_length
+    geo = backend.kv_geometry
+    spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size)
+    kv = KVCacheManager.from_config(config.kv, spec, max_len)
+    backend.init_cache(kv.num_blocks, config.kv.block_size)
+    return ModelParts(files, backend, kv, max_len)
+
+
+def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None) -> Engine:
+    return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
+                  max_model_len=parts.max_model_len, observer=observer)
+
+
+def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
+    return LLM(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), max_model_len=parts.max_model_len)
+
+
+def _tokenizer(parts: ModelParts) -> TokenizerLike:
+    # TokenizerLike is a nominal base class, not a Protocol; the model's Tokenizer fits it structurally.
+    return cast(TokenizerLike, parts.files.tokenizer)
+
+
+async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> Runtime:
+    """The server's default RuntimeBuilder: load off the event loop, then make the engine on it."""
+    parts = await asyncio.to_thread(build_parts, config, files)
+    return Runtime(build_engine(config, parts), parts.files.tokenizer, parts.files.chat_template)

@@ -1,0 +1,56 @@
+"""Read a request body into a Struct: size limit (413), UTF-8 and JSON syntax (400), field types (400)."""
+
+from __future__ import annotations
+
+import re
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from service.errors import APIError, bad_request
+
+T = TypeVar("T")
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large(request.content_length, limit)
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large(None, limit) from None
+
+
+def too_large(size: int | None, limit: int) -> APIError:
+    got = f" (got {size} bytes)" if size is not None else ""
+    return APIError(413, f"request body exceeds the limit of {limit} bytes{got}", code="request_too_large")
+
+
+def decode(body: bytes, type_: type[T]) -> T:
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"invalid request: {exc}", _param(str(exc))) from None
+    except msgspec.DecodeError as exc:
+        if "UTF-8" in str(exc):
+            raise bad_request("the request body is not valid UTF-8", code="invalid_utf8") from None
+        raise bad_request(f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
+
+
+def _param(message: str) -> str | None:
+    """The field a msgspec validation message is about, in OpenAI's `param` style."""
+    for pattern in (_UNKNOWN, _MISSING):
+        found = pattern.search(message)
+        if found:
+            prefix = _PATH.search(message)
+            return ".".join(p for p in ((prefix.group(1) if prefix else ""), found.group(1)) if p)
+    found = _PATH.search(message)
+    return found.group(1) or None if found else None
+
+
+async def read_json(request: web.Request, type_: type[T], limit: int) -> T:
+    return decode(await read_body(request, limit), type_)

@@ -1,0 +1,49 @@
+"""The service's own settings and the composed configuration of the whole server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.config import BackendConfig
+from kvpool.config import KVPoolConfig
+from scheduler.config import SchedulerConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or invalid; the message names it and is meant for the user."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (the bound address is logged)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no auth
+    api_key_file: str | None = None  # one key per line; '#' comments and blank lines ignored
+    served_model_name: str | None = None  # None: the model's name
+    max_body_bytes: int = 2 * 1024 * 1024
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0  # on SIGTERM/SIGINT: how long in-flight requests may finish
+    max_stream_events_per_s: float = 2000.0  # SSE events/s over all streams; 0: one event per engine output
+    log_prompts: bool = False  # prompts and outputs are private unless asked for
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, not {self.port}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, not {self.max_body_bytes}")
+        if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.max_stream_events_per_s < 0:
+            raise ValueError("request_timeout_s must be positive, drain_timeout_s and max_stream_events_per_s "
+                             "non-negative")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv: KVPoolConfig = field(default_factory=KVPoolConfig)

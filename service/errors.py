@@ -1,0 +1,83 @@
+"""Errors the HTTP layer answers with, in OpenAI's JSON shape, and the mapping from engine errors."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from aiohttp import web
+
+from scheduler.errors import (
+    EngineStoppedError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    SchedulerError,
+)
+from service.schemas.errors import ErrorBody, ErrorInfo
+
+INVALID = "invalid_request_error"
+JSON_CONTENT = "application/json"
+
+
+class APIError(Exception):
+    """Raised anywhere while handling a request; the error middleware turns it into the response."""
+
+    def __init__(self, status: int, message: str, type_: str = INVALID, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(self.message, self.type, self.param, self.code)
+
+    def response(self) -> web.Response:
+        body = msgspec.json.encode(ErrorBody(self.info()))
+        return web.Response(status=self.status, body=body, content_type=JSON_CONTENT, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, INVALID, param, code)
+
+
+def unavailable(message: str, code: str, retry_after: float | None = None) -> APIError:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return APIError(503, message, "service_unavailable", None, code, headers)
+
+
+def shutting_down() -> APIError:
+    return unavailable("the server is shutting down", "shutting_down", retry_after=5)
+
+
+def server_error(message: str, code: str = "internal_error") -> APIError:
+    return APIError(500, message, "server_error", None, code)
+
+
+def from_engine(exc: SchedulerError) -> APIError:
+    """The HTTP face of an error the engine raised at submit."""
+    if isinstance(exc, QueueFullError):
+        return unavailable(f"the server is overloaded: {exc}", "queue_full", exc.retry_after)
+    if isinstance(exc, EngineStoppedError):
+        return shutting_down()
+    if isinstance(exc, PromptTooLongError):
+        return bad_request(str(exc), exc.param or "prompt", "context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return bad_request(str(exc), exc.param)
+    return server_error(str(exc))
+
+
+def timed_out(seconds: float) -> APIError:
+    return APIError(504, f"the request did not finish within {seconds:g} s", "timeout_error",
+                    code="request_timeout")
+
+
+def engine_failure(accepting: bool, message: str) -> APIError:
+    """A request the engine ended with an error: cut short by shutdown (503), or a backend failure (500)."""
+    if not accepting:
+        return unavailable(f"the request was cut short: {message}", "shutting_down")
+    return server_error(f"generation failed: {message}", "engine_error")

@@ -1,0 +1,131 @@
+"""Engine outputs -> OpenAI bodies and SSE events, one formatter per endpoint.
+
+A formatter is made per HTTP request: it knows the response's id, creation time and model, and (for the
+completions API) each choice's running text offset for logprobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from backends.model.tokenizer import Tokenizer
+from scheduler.outputs import ChoiceDelta, RequestOutput
+from service.logprobs import chat_logprobs, completion_logprobs
+from service.schemas.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunk,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatDelta,
+    ChatLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    PromptTokensDetails,
+    Usage,
+)
+
+DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Identity:
+    id: str
+    created: int
+    model: str
+
+
+class Formatter(Protocol):
+    def preamble(self, num_choices: int) -> bytes: ...
+
+    def chunk(self, index: int, delta: ChoiceDelta) -> bytes: ...
+
+    def usage_chunk(self, usage: Usage) -> bytes: ...
+
+    def response(self, choices: list[ChoiceDelta], usage: Usage) -> Any: ...
+
+
+def sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+def usage_of(finals: list[RequestOutput]) -> Usage:
+    prompt = sum(out.prompt_tokens for out in finals)
+    completion = sum(out.completion_tokens for out in finals)
+    cached = sum(out.cached_tokens for out in finals)
+    return Usage(prompt, completion, prompt + completion, PromptTokensDetails(cached))
+
+
+class CompletionFormatter:
+    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: int | None) -> None:
+        self._ident = ident
+        self._tokenizer = tokenizer
+        self._logprobs = logprobs
+        self._offsets: dict[int, int] = {}
+        self._encode = msgspec.json.Encoder().encode
+
+    def preamble(self, num_choices: int) -> bytes:
+        return b""
+
+    def chunk(self, index: int, delta: ChoiceDelta) -> bytes:
+        choice = CompletionChoice(index, delta.text, self._lp(index, delta), delta.finish_reason)
+        return sse(self._encode(self._chunk([choice])))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return sse(self._encode(self._chunk([], usage)))
+
+    def response(self, choices: list[ChoiceDelta], usage: Usage) -> Completion:
+        out = [CompletionChoice(i, d.text, self._lp(i, d), d.finish_reason) for i, d in enumerate(choices)]
+        return Completion(self._ident.id, "text_completion", self._ident.created, self._ident.model, out, usage)
+
+    def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> CompletionChunk:
+        i = self._ident
+        return CompletionChunk(i.id, "text_completion", i.created, i.model, choices, usage)
+
+    def _lp(self, index: int, delta: ChoiceDelta) -> CompletionLogprobs | None:
+        if self._logprobs is None:
+            return None
+        items = delta.logprobs or []
+        lp, self._offsets[index] = completion_logprobs(
+            self._tokenizer, items, self._offsets.get(index, 0), self._logprobs > 0)
+        return lp
+
+
+class ChatFormatter:
+    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: bool) -> None:
+        self._ident = ident
+        self._tokenizer = tokenizer
+        self._logprobs = logprobs
+        self._encode = msgspec.json.Encoder().encode
+
+    def preamble(self, num_choices: int) -> bytes:
+        """OpenAI opens each choice with a role-only delta."""
+        first = ChatDelta(role="assistant", content="")
+        return b"".join(sse(self._encode(self._chunk([ChatChunkChoice(i, first, None, None)])))
+                        for i in range(num_choices))
+
+    def chunk(self, index: int, delta: ChoiceDelta) -> bytes:
+        choice = ChatChunkChoice(index, ChatDelta(content=delta.text or None), self._lp(delta),
+                                 delta.finish_reason)
+        return sse(self._encode(self._chunk([choice])))
+
+    def usage_chunk(self, usage: Usage) -> bytes:
+        return sse(self._encode(self._chunk([], usage)))
+
+    def response(self, choices: list[ChoiceDelta], usage: Usage) -> ChatCompletion:
+        out = [ChatChoice(i, AssistantMessage("assistant", d.text), self._lp(d), d.finish_reason)
+               for i, d in enumerate(choices)]
+        return ChatCompletion(self._ident.id, "chat.completion", self._ident.created, self._ident.model, out,
+                              usage)
+
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatChunk:
+        i = self._ident
+        return ChatChunk(i.id, "chat.completion.chunk", i.created, i.model, choices, usage)
+
+    def _lp(self, delta: ChoiceDelta) -> ChatLogprobs | None:
+        return chat_logprobs(self._tokenizer, delta.logprobs or []) if self._logprobs else None

@@ -1,0 +1,81 @@
+"""Turn a request's prompt or messages into token ids, and check them against the context length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backends.model.chat_template import ChatTemplate, ChatTemplateError
+from backends.model.tokenizer import Tokenizer
+from service.errors import bad_request
+from service.schemas.requests import ChatMessage, ContentPart
+
+TokenIds = tuple[int, ...]
+
+
+def completion_prompts(prompt: str | list[Any], tokenizer: Tokenizer) -> list[TokenIds]:
+    """OpenAI's four prompt forms: a string, a list of strings, a token list, a list of token lists."""
+    if isinstance(prompt, str):
+        return [_checked(tokenizer.encode(prompt), tokenizer, "prompt")]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [_checked(prompt, tokenizer, "prompt")]
+    if all(isinstance(p, str) for p in prompt):
+        return [_checked(tokenizer.encode(p), tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    if all(isinstance(p, list) for p in prompt):
+        return [_checked(p, tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such "
+                      "lists, not a mixture", "prompt")
+
+
+def _checked(ids: Sequence[int], tokenizer: Tokenizer, param: str) -> TokenIds:
+    if not ids:
+        raise bad_request("the prompt must contain at least one token", param)
+    vocab = tokenizer.vocab_size
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise bad_request(f"token id {bad} is out of range (vocabulary size {vocab})", param)
+    return tuple(ids)
+
+
+def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer,
+                add_generation_prompt: bool = True) -> TokenIds:
+    if not messages:
+        raise bad_request("messages must contain at least one message", "messages")
+    plain = [_plain(m, i) for i, m in enumerate(messages)]
+    try:
+        text = template.render(plain, add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
+    return _checked(tokenizer.encode(text), tokenizer, "messages")
+
+
+def _plain(message: ChatMessage, index: int) -> dict[str, Any]:
+    # "developer" is OpenAI's newer name for the system role; model templates know only "system".
+    role = "system" if message.role == "developer" else message.role
+    return {"role": role, "content": _text(message.content, index)}
+
+
+def _text(content: str | list[ContentPart] | None, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise bad_request(f"content part type '{part.type}' is not supported (text only)",
+                              f"messages[{index}].content")
+    return "\n".join(part.text or "" for part in content)
+
+
+def check_context(prompts: list[TokenIds], max_tokens: int | None, max_model_len: int, param: str) -> None:
+    """OpenAI's rule: the prompt plus the tokens asked for must fit the context (400 names both)."""
+    for ids in prompts:
+        if len(ids) >= max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt has "
+                f"{len(ids)} tokens, which leaves no room for a completion.", param, "context_length_exceeded")
+        if max_tokens is not None and len(ids) + max_tokens > max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")

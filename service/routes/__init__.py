@@ -1,0 +1,1 @@
+"""HTTP route handlers, one module per API surface."""

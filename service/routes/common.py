@@ -1,0 +1,48 @@
+"""What every generation route does first: find the runtime, check the model, build the job."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiohttp import web
+
+from scheduler.params import SamplingParams
+from service.errors import APIError, bad_request, shutting_down, unavailable
+from service.formats import Identity
+from service.jobs import Job
+from service.prompts import TokenIds
+from service.schemas.requests import CommonRequest
+from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
+
+MAX_CHOICES = 128  # prompts x n in one request
+
+
+def runtime_of(request: web.Request) -> Runtime:
+    state = request.app[STATE_KEY]
+    if state.phase is Phase.READY and state.runtime is not None:
+        return state.runtime
+    if state.phase is Phase.LOADING:
+        raise unavailable("the model is still loading", "model_loading", retry_after=5)
+    if state.phase is Phase.FAILED:
+        raise unavailable(f"the model failed to load: {state.failure}", "model_load_failed")
+    raise shutting_down()
+
+
+def served_model(request: web.Request, asked: str | None) -> str:
+    name = request.app[STATE_KEY].model_name
+    if asked is not None and asked != name:
+        raise APIError(404, f"The model `{asked}` does not exist (this server serves `{name}`).",
+                       param="model", code="model_not_found")
+    return name
+
+
+def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenIds], params: SamplingParams,
+             req: CommonRequest) -> Job:
+    if len(prompts) * params.n > MAX_CHOICES:
+        raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request", "n")
+    service = request.app[CONFIG_KEY].service
+    ident = Identity(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+    include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    return Job(ident, prompts, params, req.priority, bool(req.stream), include_usage, service.request_timeout_s,
+               service.max_stream_events_per_s)

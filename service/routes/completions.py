@@ -1,0 +1,44 @@
+"""POST /v1/completions and POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from service.body import read_json
+from service.formats import ChatFormatter, CompletionFormatter, Formatter
+from service.jobs import Job, run_job
+from service.params import chat_params, completion_params
+from service.prompts import chat_prompt, check_context, completion_prompts
+from service.routes.common import make_job, runtime_of, served_model
+from service.schemas.requests import ChatRequest, CompletionRequest
+from service.state import CONFIG_KEY, STATE_KEY, Runtime
+from service.transcript import with_transcript
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    runtime = runtime_of(request)
+    req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service.max_body_bytes)
+    model = served_model(request, req.model)
+    params = completion_params(req)
+    prompts = completion_prompts(req.prompt, runtime.tokenizer)
+    check_context(prompts, params.max_tokens, runtime.engine.max_model_len, "prompt")
+    job = make_job(request, "cmpl", model, prompts, params, req)
+    fmt = _logged(request, CompletionFormatter(job.ident, runtime.tokenizer, req.logprobs), job, runtime)
+    return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    runtime = runtime_of(request)
+    req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service.max_body_bytes)
+    model = served_model(request, req.model)
+    params = chat_params(req)
+    prompt = chat_prompt(req.messages, runtime.chat_template, runtime.tokenizer, req.add_generation_prompt)
+    check_context([prompt], params.max_tokens, runtime.engine.max_model_len, "messages")
+    job = make_job(request, "chatcmpl", model, [prompt], params, req)
+    fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs)), job, runtime)
+    return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
+
+
+def _logged(request: web.Request, fmt: Formatter, job: Job, runtime: Runtime) -> Formatter:
+    enabled = request.app[CONFIG_KEY].service.log_prompts
+    return with_transcript(fmt, enabled, job.ident.id, job.prompts, runtime.tokenizer)

@@ -1,0 +1,42 @@
+"""GET /v1/models, GET /health and GET /metrics."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.errors import JSON_CONTENT
+from service.routes.common import served_model
+from service.schemas.responses import Health, ModelCard, ModelList
+from service.state import REGISTRY_KEY, STATE_KEY, Phase
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return _json(ModelList("list", [_card(request)]))
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    served_model(request, request.match_info["model"])  # 404 for any other name
+    return _json(_card(request))
+
+
+def _card(request: web.Request) -> ModelCard:
+    state = request.app[STATE_KEY]
+    max_len = state.runtime.engine.max_model_len if state.runtime is not None else None
+    return ModelCard(state.model_name, "model", state.created, "pagedserve", max_len)
+
+
+async def health(request: web.Request) -> web.Response:
+    """200 only when serving: load balancers stop routing here while loading or draining."""
+    phase = request.app[STATE_KEY].phase
+    return _json(Health(phase.value), 200 if phase is Phase.READY else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _json(body: msgspec.Struct, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON_CONTENT)

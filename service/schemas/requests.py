@@ -1,0 +1,84 @@
+"""Request bodies. Fields are OpenAI's (plus vLLM's common sampling extensions); an unknown field is refused
+with 400, as the OpenAI API does. Ranges are checked by SamplingParams; the bounds here only keep numbers
+small enough for the engine's arrays."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, Struct
+
+Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class StreamOptions(Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class ContentPart(Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(Struct):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+
+class ResponseFormat(Struct):
+    type: str
+
+
+class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Fields both endpoints share."""
+
+    model: str | None = None  # None: the served model
+    n: Int32 = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Int32 | None = None
+    min_p: float | None = None
+    seed: Seed | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Int32] | None = None
+    ignore_eos: bool = False
+    min_tokens: Int32 = 0
+    skip_special_tokens: bool = True
+    priority: Int32 = 0
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
+    prompt: str | list[str | Int32 | list[Int32]]
+    max_tokens: Int32 | None = 16
+    logprobs: Int32 | None = None  # how many alternatives; 0: the sampled token's logprob only
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: Int32 | None = None
+
+
+class ChatRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
+    messages: list[ChatMessage]
+    max_tokens: Int32 | None = None  # None: up to the context
+    max_completion_tokens: Int32 | None = None
+    logprobs: bool | None = False
+    top_logprobs: Int32 | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True

@@ -1,0 +1,122 @@
+"""Answer a job as Server-Sent Events: `data: {chunk}` per engine output, an optional usage chunk, then
+`data: [DONE]`. An error after the headers went out (engine failure, shutdown, timeout, a bug) becomes a
+final error event followed by [DONE], so the stream always ends cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+
+from scheduler.outputs import ChoiceDelta, RequestOutput, RequestStream
+from service.errors import APIError, engine_failure, server_error, timed_out
+from service.formats import DONE, Formatter, sse, usage_of
+from service.pacing import Pacer
+from service.schemas.errors import ErrorBody
+from service.state import EngineLike
+
+if TYPE_CHECKING:
+    from service.jobs import Job
+
+log = logging.getLogger(__name__)
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+Finals = list[RequestOutput | None]
+
+
+async def stream_job(request: web.Request, engine: EngineLike, job: Job, streams: list[RequestStream],
+                     fmt: Formatter, pacer: Pacer) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        tail = await _pump(resp, engine, job, streams, fmt, pacer)
+    except ConnectionError:
+        return resp  # the client went away; run_job aborts what is left
+    except Exception:  # a bug: the headers are gone, so say so in-band and end the stream cleanly
+        log.exception("streaming %s failed", job.ident.id)
+        tail = error_event(server_error("internal error while streaming")) + DONE
+    try:
+        await resp.write(tail)
+        await resp.write_eof()
+    except ConnectionError:
+        pass
+    return resp
+
+
+async def _pump(resp: web.StreamResponse, engine: EngineLike, job: Job, streams: list[RequestStream],
+                fmt: Formatter, pacer: Pacer) -> bytes:
+    """Relay the outputs under the request's timeout; return what closes the stream."""
+    finals: Finals = [None] * len(streams)
+    try:
+        async with asyncio.timeout(job.timeout_s):
+            error = await _relay(resp, job, streams, fmt, pacer, finals)
+    except TimeoutError:
+        return error_event(timed_out(job.timeout_s)) + DONE
+    if error is not None:
+        return error_event(engine_failure(engine.accepting, error)) + DONE
+    usage = fmt.usage_chunk(usage_of([f for f in finals if f is not None])) if job.include_usage else b""
+    return usage + DONE
+
+
+async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream], fmt: Formatter,
+                 pacer: Pacer, finals: Finals) -> str | None:
+    """One event per output (several choices' chunks in one write) until every stream ends; returns the
+    engine's error if one ended the request."""
+    if preamble := fmt.preamble(job.num_choices):
+        await resp.write(preamble)
+    n = job.params.n
+    async with aclosing(merged(streams)) as outputs:
+        async for i, out in outputs:
+            finals[i] = out
+            if data := _event(fmt, out, i * n):
+                await resp.write(data)
+            if out.error:
+                return out.error
+            if not out.finished:
+                await pacer.pace()
+    return None
+
+
+def _event(fmt: Formatter, out: RequestOutput, base: int) -> bytes:
+    if len(out.choices) == 1:  # the common case, without the generator
+        delta = out.choices[0]
+        return fmt.chunk(base + delta.index, delta) if _worth(delta) else b""
+    return b"".join(fmt.chunk(base + d.index, d) for d in out.choices if _worth(d))
+
+
+def _worth(delta: ChoiceDelta) -> bool:
+    return bool(delta.text or delta.finish_reason or delta.logprobs)
+
+
+async def merged(streams: list[RequestStream]) -> AsyncGenerator[tuple[int, RequestOutput]]:
+    """Outputs of several streams as they come, tagged with the stream's position."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue(maxsize=len(streams))
+    tasks = [asyncio.create_task(_forward(i, s, queue)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            remaining -= item is None
+            if item is not None:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _forward(i: int, stream: RequestStream, queue: asyncio.Queue[tuple[int, RequestOutput | None]]) -> None:
+    async for out in stream:
+        await queue.put((i, out))
+    await queue.put((i, None))
+
+
+def error_event(err: APIError) -> bytes:
+    return sse(msgspec.json.encode(ErrorBody(err.info())))

@@ -1,0 +1,77 @@
+"""A real server on an ephemeral loopback port, its event loop in a background thread, so tests can drive
+it with ordinary (synchronous) clients and still reach into the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from backends.config import BackendConfig
+from backends.model.loader import ModelFiles
+from kvpool import KVPoolConfig
+from scheduler.config import SchedulerConfig
+from service.app import create_app
+from service.assemble import build_runtime
+from service.config import AppConfig, ServiceConfig
+from service.server import start_site
+from service.state import STATE_KEY, EngineLike, Phase, RuntimeBuilder, ServerState
+
+T = TypeVar("T")
+
+
+def sim_config(service: ServiceConfig | None = None, profile: str = "zero", **scheduler: Any) -> AppConfig:
+    return AppConfig(service or ServiceConfig(port=0), BackendConfig(name="sim", sim_profile=profile),
+                     SchedulerConfig(**scheduler), KVPoolConfig(num_blocks=512))
+
+
+def cached_builder(files: ModelFiles) -> RuntimeBuilder:
+    """The real builder, minus re-reading the tokenizer for every test server."""
+    return functools.partial(build_runtime, files=files)
+
+
+class LiveServer:
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.runner, self.url = self.run(start_site(app, "127.0.0.1", 0))
+
+    @classmethod
+    def start(cls, config: AppConfig, build: RuntimeBuilder, timeout: float = 60.0) -> LiveServer:
+        server = cls(create_app(config, build))
+        server.run(server.state.settled.wait(), timeout)
+        assert server.state.phase is Phase.READY, server.state.failure
+        return server
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the server's loop (the engine is not thread-safe)."""
+        async def wrapped() -> T:
+            return fn()
+        return self.run(wrapped())
+
+    @property
+    def state(self) -> ServerState:
+        return self.app[STATE_KEY]
+
+    @property
+    def engine(self) -> EngineLike:
+        assert self.state.runtime is not None
+        return self.state.runtime.engine
+
+    def stats(self) -> Any:
+        return self.call(self.engine.stats)
+
+    def close(self) -> None:
+        self.run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()

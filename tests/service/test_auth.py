@@ -1,0 +1,69 @@
+"""API keys: Bearer auth on /v1, several keys and a key file; /health and /metrics stay open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import AuthenticationError, OpenAI
+
+from backends.model.loader import ModelFiles
+from service.auth import authorized
+from service.config import ServiceConfig
+from tests.service.live import LiveServer, cached_builder, sim_config
+from tests.service.rawhttp import post, request
+
+BODY = {"prompt": "Hi", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def auth_server(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
+    key_file.write_text("# team keys\nfile-key\n\n")
+    service = ServiceConfig(port=0, api_keys=("key-one", "key-two"), api_key_file=str(key_file))
+    server = LiveServer.start(sim_config(service), cached_builder(model_files))
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "key-one", "Basic a2V5LW9uZQ==", "Bearer key-on"])
+def test_missing_or_wrong_key_is_401(auth_server: LiveServer, header: str | None) -> None:
+    headers = {"Authorization": header} if header else {}
+    reply = post(auth_server.url + "/v1/completions", BODY, headers)
+    assert reply.status == 401 and reply.headers.get("WWW-Authenticate") == "Bearer"
+    assert reply.error()["type"] == "authentication_error"
+    assert request("GET", auth_server.url + "/v1/models", headers=headers).status == 401
+
+
+@pytest.mark.parametrize("key", ["key-one", "key-two", "file-key"])
+def test_each_configured_key_works(auth_server: LiveServer, key: str) -> None:
+    assert post(auth_server.url + "/v1/completions", BODY, {"Authorization": f"Bearer {key}"}).status == 200
+
+
+def test_health_and_metrics_stay_open(auth_server: LiveServer) -> None:
+    assert request("GET", auth_server.url + "/health").status == 200
+    assert request("GET", auth_server.url + "/metrics").status == 200
+
+
+def test_openai_client_sends_the_key(auth_server: LiveServer) -> None:
+    good = OpenAI(base_url=auth_server.url + "/v1", api_key="key-two", max_retries=0)
+    assert good.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2).choices
+    bad = OpenAI(base_url=auth_server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(AuthenticationError):
+        bad.models.list()
+
+
+def test_authorized_unit() -> None:
+    keys = (b"alpha", b"beta")
+    assert authorized("Bearer beta", keys) and authorized("Bearer  alpha ", keys)
+    assert not authorized("Bearer gamma", keys) and not authorized(None, keys) and not authorized("beta", keys)
+    assert not authorized("Bearer ", keys)
+
+
+def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
+    from service.auth import load_keys
+    from service.config import ConfigError
+
+    with pytest.raises(ConfigError, match="api_key_file"):
+        load_keys(ServiceConfig(api_key_file=str(tmp_path / "absent")))

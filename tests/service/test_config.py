@@ -1,0 +1,122 @@
+"""Configuration: defaults < TOML file < PAGEDSERVE_* environment < flags; unknown keys name themselves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from service.config import AppConfig, ConfigError
+from service.config_load import add_config_flags, flags_of, load_config
+from service.settings import all_settings
+
+
+def parse_flags(*argv: str) -> dict[str, object]:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    return flags_of(parser.parse_args(argv))
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "pagedserve.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults() -> None:
+    config = load_config()
+    assert config == AppConfig()
+    assert (config.service.host, config.service.port, config.backend.name) == ("127.0.0.1", 8000, "numpy")
+
+
+def test_every_setting_has_a_unique_public_name() -> None:
+    names = [s.name for s in all_settings()]
+    assert len(names) == len(set(names)) and "backend" in names and "model" in names
+
+
+def test_file_layout_and_shortcuts(tmp_path: Path) -> None:
+    path = write(tmp_path, 'backend = "sim"\nmodel = "/m.gguf"\n[service]\nport = 9000\napi_keys = ["a", "b"]\n'
+                           '[scheduler]\nmax_num_seqs = 8\n[kv]\nblock_size = 32\nenable_prefix_caching = false\n')
+    config = load_config(path)
+    assert config.backend.name == "sim" and config.backend.model == "/m.gguf"
+    assert config.service.port == 9000 and config.service.api_keys == ("a", "b")
+    assert config.scheduler.max_num_seqs == 8 and config.kv.block_size == 32
+    assert config.kv.enable_prefix_caching is False
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, 'backend = "numpy"\n[service]\nport = 9000\nhost = "0.0.0.0"\n'
+                           '[scheduler]\nmax_num_seqs = 4\n')
+    env = {"PAGEDSERVE_BACKEND": "cupy", "PAGEDSERVE_PORT": "9100", "PAGEDSERVE_MAX_NUM_SEQS": "16"}
+    config = load_config(path, env, parse_flags("--backend", "sim", "--port", "9200"))
+    assert config.backend.name == "sim"  # flag
+    assert config.service.port == 9200  # flag
+    assert config.scheduler.max_num_seqs == 16  # env over file
+    assert config.service.host == "0.0.0.0"  # file over default
+
+
+def test_config_file_from_env(tmp_path: Path) -> None:
+    path = write(tmp_path, 'backend = "sim"\n')
+    assert load_config(None, {"PAGEDSERVE_CONFIG": path}).backend.name == "sim"
+
+
+def test_flag_kinds() -> None:
+    flags = parse_flags("--api-key", "k1", "--api-key", "k2,k3", "--log-prompts", "--no-enable-prefix-caching",
+                        "--num-blocks", "64", "--model", "/x.gguf", "--request-timeout-s", "2.5")
+    config = load_config(None, {}, flags)
+    assert config.service.api_keys == ("k1", "k2", "k3") and config.service.log_prompts is True
+    assert config.kv.enable_prefix_caching is False and config.kv.num_blocks == 64
+    assert config.backend.model == "/x.gguf" and config.service.request_timeout_s == 2.5
+
+
+def test_env_kinds() -> None:
+    env = {"PAGEDSERVE_LOG_PROMPTS": "yes", "PAGEDSERVE_NUM_BLOCKS": "none", "PAGEDSERVE_API_KEY": "a, b"}
+    config = load_config(None, env)
+    assert config.service.log_prompts is True and config.kv.num_blocks is None
+    assert config.service.api_keys == ("a", "b")
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("colour = 1\n", "colour"),
+    ("[service]\nprot = 80\n", "prot"),
+    ("[engine]\nx = 1\n", "engine"),
+    ("[backend]\nbackend = 'sim'\n", "backend"),
+])
+def test_unknown_file_keys_are_named(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{named}'"):
+        load_config(write(tmp_path, text))
+
+
+def test_unknown_env_var_is_named() -> None:
+    with pytest.raises(ConfigError, match="PAGEDSERVE_MAX_SEQS"):
+        load_config(None, {"PAGEDSERVE_MAX_SEQS": "4", "OTHER_VAR": "ignored"})
+
+
+@pytest.mark.parametrize(("source", "named"), [
+    ({"file": "[service]\nport = 'eighty'\n"}, "port"),
+    ({"file": "[kv]\nenable_prefix_caching = 1\n"}, "enable_prefix_caching"),
+    ({"env": {"PAGEDSERVE_PORT": "eighty"}}, "PAGEDSERVE_PORT"),
+    ({"env": {"PAGEDSERVE_LOG_PROMPTS": "maybe"}}, "PAGEDSERVE_LOG_PROMPTS"),
+    ({"flags": ("--max-num-seqs", "lots")}, "--max-num-seqs"),
+    ({"flags": ("--port", "70000")}, "port"),
+    ({"flags": ("--kv-layout", "sideways")}, "kv_layout"),
+    ({"file": "not toml ["}, "TOML"),
+])
+def test_bad_values_are_named(tmp_path: Path, source: dict[str, object], named: str) -> None:
+    path = write(tmp_path, str(source["file"])) if "file" in source else None
+    env = source.get("env") or {}
+    flags = parse_flags(*source["flags"]) if "flags" in source else {}  # type: ignore[misc]
+    with pytest.raises(ConfigError, match=named):
+        load_config(path, env, flags)  # type: ignore[arg-type]
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(str(tmp_path / "absent.toml"))
+
+
+def test_config_doc_lists_every_setting() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
+    for s in all_settings():
+        assert f"`{s.section}.{s.key}`" in doc and f"`{s.flag}`" in doc and f"`{s.env}`" in doc, s

@@ -1,0 +1,72 @@
+"""/health, /v1/models and /metrics across the server's phases: loading, ready, failed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from backends.model.loader import ModelFiles
+from service.app import create_app
+from service.assemble import build_runtime
+from service.config import AppConfig
+from service.state import Phase, Runtime
+from tests.service.live import LiveServer, sim_config
+from tests.service.rawhttp import post, request
+
+
+@pytest.fixture
+def gated(model_files: ModelFiles) -> Iterator[tuple[LiveServer, asyncio.Event]]:
+    """A server whose model load waits until the test opens the gate."""
+    gate = asyncio.Event()
+
+    async def slow_build(config: AppConfig) -> Runtime:
+        await gate.wait()
+        return await build_runtime(config, model_files)
+
+    server = LiveServer(create_app(sim_config(), slow_build))
+    yield server, gate
+    server.close()
+
+
+def test_health_is_503_while_loading_then_200(gated: tuple[LiveServer, asyncio.Event]) -> None:
+    server, gate = gated
+    health = request("GET", server.url + "/health")
+    assert health.status == 503 and health.json() == {"status": "loading"}
+    busy = post(server.url + "/v1/completions", {"prompt": "Hi"})
+    assert busy.status == 503 and busy.error()["code"] == "model_loading" and "Retry-After" in busy.headers
+    assert request("GET", server.url + "/v1/models").status == 200
+    server.loop.call_soon_threadsafe(gate.set)
+    server.run(server.state.settled.wait())
+    assert request("GET", server.url + "/health").json() == {"status": "ready"}
+    assert post(server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status == 200
+
+
+def test_failed_load_reports_failed() -> None:
+    async def broken(config: AppConfig) -> Runtime:
+        raise OSError("no such model")
+
+    server = LiveServer(create_app(sim_config(), broken))
+    try:
+        server.run(server.state.settled.wait())
+        assert server.state.phase is Phase.FAILED
+        assert request("GET", server.url + "/health").json() == {"status": "failed"}
+        reply = post(server.url + "/v1/completions", {"prompt": "Hi"})
+        assert reply.status == 503 and "no such model" in reply.error()["message"]
+    finally:
+        server.close()
+
+
+def test_metrics_expose_engine_gauges(sim_server: LiveServer) -> None:
+    assert post(sim_server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status == 200
+    text = request("GET", sim_server.url + "/metrics").body.decode()
+    for name in ("pagedserve_num_requests_running", "pagedserve_num_requests_waiting",
+                 "pagedserve_kv_cache_usage_ratio", 'pagedserve_server_phase{phase="ready"} 1.0',
+                 'pagedserve_http_requests_total{method="POST",route="/v1/completions",status="200"}'):
+        assert name in text
+
+
+def test_models_card(sim_server: LiveServer) -> None:
+    [card] = request("GET", sim_server.url + "/v1/models").json()["data"]
+    assert card["id"] == "SmolLM2-135M-Instruct" and card["object"] == "model" and card["max_model_len"] == 8192

@@ -1,0 +1,62 @@
+"""The real SmolLM2 model on the NumPy backend, through HTTP: greedy output equals the golden fixture, which
+an independent implementation (transformers) computed from the same GGUF."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from backends.config import BackendConfig
+from backends.model.loader import ModelFiles
+from kvpool import KVPoolConfig
+from scheduler.config import SchedulerConfig
+from service.config import AppConfig, ServiceConfig
+from tests.service.live import LiveServer, cached_builder
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "smollm2_golden.json"
+MODEL = "SmolLM2-135M-Instruct"
+STREAMED_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, Any]:
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def client(model_files: ModelFiles) -> Iterator[OpenAI]:
+    config = AppConfig(ServiceConfig(port=0), BackendConfig(name="numpy"), SchedulerConfig(max_model_len=512),
+                       KVPoolConfig(num_blocks=64))
+    server = LiveServer.start(config, cached_builder(model_files), timeout=120)
+    yield OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    server.close()
+
+
+def prompt_case(golden: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in golden["prompts"] if p["name"] == name)
+
+
+@pytest.mark.slow
+def test_greedy_completion_equals_golden(client: OpenAI, golden: dict[str, Any], model_files: ModelFiles) -> None:
+    case = prompt_case(golden, "code")  # the case with the widest top-2 logit margins
+    ids = case["greedy_ids"][:STREAMED_TOKENS]  # a prefix keeps this test short on a 2-core machine
+    stream = client.completions.create(model=MODEL, prompt=case["prompt"], max_tokens=len(ids), temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == model_files.tokenizer.decode(ids)
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(case["token_ids"])
+
+
+@pytest.mark.slow
+def test_greedy_chat_equals_golden(client: OpenAI, golden: dict[str, Any]) -> None:
+    case = prompt_case(golden, "chat")
+    out = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=16,
+                                         messages=[{"role": "user", "content": golden["chat_user_message"]}])
+    assert out.usage is not None and out.usage.prompt_tokens == len(case["token_ids"])
+    assert case["greedy_stopped_on_eos"] and out.choices[0].finish_reason == "stop"
+    assert out.choices[0].message.content == case["greedy_text"].removesuffix("<|im_end|>")

@@ -1,0 +1,87 @@
+"""Graceful shutdown of a real `pagedserve serve` process: SIGTERM stops admission (503), lets a short stream
+finish, ends a long one with an error event after the drain timeout, and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.service.rawhttp import request, sse_events
+
+DRAIN_S = 3.0
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}
+    cmd = [sys.executable, "-m", "service", "serve", "--backend", "sim", "--sim-profile", "cpu", "--port", "0",
+           "--num-blocks", "256", "--drain-timeout-s", str(DRAIN_S), "--log-level", "warning"]
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env=env)
+    try:
+        yield proc, _wait_listening(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on (http://\S+)", log.read_text())
+        if found:
+            url = found.group(1)
+            if _healthy(url):
+                return url
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    raise AssertionError("server did not become ready: " + log.read_text())
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return request("GET", url + "/health").status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def _open_stream(session: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:
+    resp = await session.post(url + "/v1/completions",
+                              json={"prompt": "Hi", "max_tokens": max_tokens, "stream": True})
+    await resp.content.readuntil(b"\n\n")  # the first chunk: generation has begun
+    return resp
+
+
+async def _scenario(proc: subprocess.Popen[bytes], url: str) -> tuple[list[object], list[object], int, int]:
+    async with aiohttp.ClientSession() as session:
+        short = await _open_stream(session, url, max_tokens=4)
+        long = await _open_stream(session, url, max_tokens=5000)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        async with session.get(url + "/health") as health, \
+                session.post(url + "/v1/completions", json={"prompt": "Hi"}) as refused:
+            statuses = health.status, refused.status
+        short_events = sse_events(await short.read())
+        long_events = sse_events(await long.read())
+    return short_events, long_events, *statuses
+
+
+def test_sigterm_drains_then_aborts_and_exits_0(server_process: tuple[subprocess.Popen[bytes], str]) -> None:
+    proc, url = server_process
+    short, long, health, refused = asyncio.run(_scenario(proc, url))
+    assert health == 503 and refused == 503
+    assert short[-1] == "[DONE]" and short[-2]["choices"][0]["finish_reason"] == "length"  # type: ignore[index]
+    assert long[-1] == "[DONE]" and long[-2]["error"]["code"] == "shutting_down"  # type: ignore[index]
+    assert proc.wait(timeout=DRAIN_S + 15) == 0
