@@ -34,10 +34,13 @@ def build_step_batch(step_id: int, scheduled: list[ScheduledSeq], block_copies: 
                      eos_ids: frozenset[int]) -> tuple[StepBatch, list[Sequence]]:
     """The batch, and the sequences sampled (one per `sample_rows` entry, forked children included)."""
     token_ids = np.fromiter(_flat_tokens(scheduled), np.int32)
-    positions = np.concatenate([np.arange(s.start, s.start + s.num_tokens, dtype=np.int32) for s in scheduled])
     slots = np.fromiter((slot for s in scheduled for slot in s.slots), np.int64)
+    counts = np.array([s.num_tokens for s in scheduled], np.int32)
     query_start = np.zeros(len(scheduled) + 1, np.int32)
-    np.cumsum([s.num_tokens for s in scheduled], out=query_start[1:])
+    np.cumsum(counts, out=query_start[1:])
+    # each sequence's positions run from its start: offset every token's index in the flat batch by its row's
+    starts = np.array([s.start for s in scheduled], np.int32)
+    positions = np.repeat(starts - query_start[:-1], counts) + np.arange(query_start[-1], dtype=np.int32)
     rows, sampled = _sample_rows(scheduled)
     batch = StepBatch(
         seq_ids=tuple(s.seq.seq_id for s in scheduled),

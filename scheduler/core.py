@@ -143,6 +143,9 @@ class EngineCore:
         """The backend raised on this step: fail only the requests it carried."""
         for request_id in {item.seq.request_id for item in plan.scheduled}:
             self.abort(request_id, error)
+        # Blocks were published in the prefix cache when planned, but this step never wrote their KV: a later
+        # prompt must not hit them. Failures are rare, so forgetting the whole cache is the simple safe way.
+        self.kv.reset_prefix_cache()
 
     def _close(self, state: RequestState, error: str | None) -> None:
         self.requests.pop(state.request.request_id, None)
@@ -162,10 +165,13 @@ class EngineCore:
                            len(plan.scheduled), plan.prefill_tokens)
 
     def _step_record(self, plan: SchedulerPlan, started: float, end: float) -> StepRecord:
+        kv = self.kv.stats()
+        chunks = tuple((item.seq.request_id, item.num_tokens) for item in plan.scheduled if item.is_prefill)
         return StepRecord(plan.step_id, started, end, len(plan.scheduled), plan.prefill_tokens,
-                          plan.decode_tokens, self.kv.stats().usage, len(self.scheduler.running),
+                          plan.decode_tokens, kv.usage, len(self.scheduler.running),
                           len(self.scheduler.waiting), len(plan.preempted),
-                          tuple(dict.fromkeys(item.seq.request_id for item in plan.scheduled)))
+                          tuple(dict.fromkeys(item.seq.request_id for item in plan.scheduled)),
+                          kv.prefix_queries, kv.prefix_hits, chunks)
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.requests),

@@ -34,6 +34,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._inline = bool(getattr(backend, "step_is_instant", False))
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -89,12 +90,18 @@ class Engine:
                 continue
             started = self.core.clock()
             try:
-                output: StepOutput = await loop.run_in_executor(self._executor, self.backend.execute, plan.batch)
+                output = await self._execute(loop, plan)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 self._fail(plan, exc)
                 continue
             self.core.commit(plan, output, started)
             await asyncio.sleep(0)  # let readers and new arrivals run between steps
+
+    async def _execute(self, loop: asyncio.AbstractEventLoop, plan: SchedulerPlan) -> StepOutput:
+        assert plan.batch is not None
+        if self._inline:  # an instant step: the thread hop would cost more than the step
+            return self.backend.execute(plan.batch)
+        return await loop.run_in_executor(self._executor, self.backend.execute, plan.batch)
 
     def _fail(self, plan: SchedulerPlan, exc: Exception) -> None:
         log.exception("engine step %d failed; failing its %d requests", plan.step_id, len(plan.scheduled),

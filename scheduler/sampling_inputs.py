@@ -32,6 +32,8 @@ def build_sampling_inputs(seqs: list[Sequence], eos_ids: Iterable[int] = ()) -> 
 
 def _suppressed(seqs: list[Sequence], eos_ids: frozenset[int]) -> np.ndarray | None:
     """Until min_tokens are out, a sequence may not sample EOS or its stop tokens."""
+    if not any(s.params.min_tokens for s in seqs):
+        return None
     lists = [_banned(s, eos_ids) for s in seqs]
     return _padded(lists) if any(lists) else None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from backends.base import StepBatch, StepOutput
 from kvpool import KVCacheManager
@@ -30,11 +31,11 @@ class SchedulerPlan:
     sampled: list[Sequence]  # one per row of batch.sample_rows
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
+    @cached_property  # read once per request per step by the telemetry records: compute it once
     def prefill_tokens(self) -> int:
         return sum(s.num_tokens for s in self.scheduled if s.is_prefill)
 
-    @property
+    @cached_property
     def decode_tokens(self) -> int:
         return sum(s.num_tokens for s in self.scheduled) - self.prefill_tokens
 

@@ -51,6 +51,8 @@ class TextAssembler:
 
     def push(self, ids: Seq[int]) -> tuple[str, str | None]:
         """(text to emit, the stop string found or None). After a stop, nothing more is emitted."""
+        if not self._stop:
+            return self._detok.push(ids), None
         buffer = self._held + self._detok.push(ids)
         hit = self._first_stop(buffer)
         if hit is not None:

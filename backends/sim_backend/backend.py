@@ -6,7 +6,7 @@ import numpy as np
 
 from backends.base import KVGeometry, LongArray, StepBatch, StepOutput
 from backends.model.config import ModelConfig
-from backends.sim_backend.clock import Clock
+from backends.sim_backend.clock import Clock, RealClock
 from backends.sim_backend.cost_model import CostModel, StepCost
 from backends.sim_backend.logprobs import pseudo_logprobs
 from backends.sim_backend.profiles import HardwareProfile
@@ -29,6 +29,11 @@ class SimBackend:
         self.num_blocks = 0
         self.block_size = 0
         self.last_cost: StepCost | None = None
+
+    @property
+    def step_is_instant(self) -> bool:
+        """No sleeping: a worker-thread hop would cost more than the step itself."""
+        return self.profile.name == "zero" or not isinstance(self.clock, RealClock)
 
     @property
     def kv_geometry(self) -> KVGeometry:
