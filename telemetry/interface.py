@@ -23,6 +23,11 @@ class StepRecord:
     num_waiting: int
     preemptions: int  # preempted while planning this step
     request_ids: tuple[str, ...]  # requests served by the step
+    # Cumulative prefix-cache counters (KVStats.prefix_queries / prefix_hits, in tokens) after the step.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    # (request id, prompt tokens it prefilled in this step) for each request the step prefilled a chunk of.
+    prefill_chunks: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

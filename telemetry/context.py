@@ -1,0 +1,38 @@
+"""What the service hands the engine in `EngineRequest.trace_context`: the incoming W3C trace context plus the
+request facts the engine does not know (served model name, OpenAI operation, optionally the prompt)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    parent: Context  # empty when the request carried no (valid) traceparent: the span starts a new trace
+    model: str | None = None
+    operation: str = "chat"  # gen_ai.operation.name: "chat" | "text_completion"
+    prompt: str | None = None  # recorded only when TelemetryConfig.record_content is on
+
+
+def extract_context(headers: Mapping[str, str], *, model: str | None = None, operation: str = "chat",
+                    prompt: str | None = None) -> RequestContext:
+    """Read `traceparent` / `tracestate` from HTTP headers (any letter case) for EngineRequest.trace_context."""
+    carrier = {key.lower(): value for key, value in headers.items()
+               if key.lower() in ("traceparent", "tracestate")}
+    return RequestContext(TraceContextTextMapPropagator().extract(carrier), model, operation, prompt)
+
+
+def as_request_context(value: Any) -> RequestContext:
+    """Whatever the engine passed along: a RequestContext, a bare OTel Context, raw headers, or nothing."""
+    if isinstance(value, RequestContext):
+        return value
+    if isinstance(value, Context):
+        return RequestContext(value)
+    if isinstance(value, Mapping):
+        return extract_context(value)
+    return RequestContext(Context())
