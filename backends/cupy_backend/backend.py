@@ -1,0 +1,113 @@
+"""The CuPy backend: executes a StepBatch with our CUDA kernels and cuBLAS GEMMs, sampling on the device.
+
+Per step: the batch's arrays go to the device in a few transfers, copy-on-write block copies run on the
+device, the forward writes the step's K/V and attends, logits are computed only for the sampled rows, and
+only the sampled ids (and logprobs when asked) come back to the host.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from backends.base import BackendError, KVGeometry, StepBatch, StepOutput
+from backends.cupy_backend import launch
+from backends.cupy_backend.device import Device
+from backends.cupy_backend.device_model import DeviceKVCache, upload_weights
+from backends.cupy_backend.forward import Forward
+from backends.cupy_backend.gemm import Gemm, choose_gemm
+from backends.cupy_backend.ops import Kernels
+from backends.cupy_backend.step_inputs import upload_sampling, upload_step
+from backends.cupy_backend.storage import storage_for
+from backends.sampling import SampleResult, sample
+
+if TYPE_CHECKING:
+    from backends.model.config import ModelConfig
+    from backends.model.weights import ModelWeights
+
+
+class CupyBackend:
+    name = "cupy"
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, device: Device, dtype: str = "float32",
+                 partition_size: int = launch.DEFAULT_PARTITION_SIZE, gemm: Gemm | None = None) -> None:
+        _check_supported(config)
+        self.config, self.device = config, device
+        self.storage = storage_for(dtype)
+        self.gemm = gemm if gemm is not None else choose_gemm(device.xp, self.storage)
+        self.weights = upload_weights(device.xp, self.storage, config, weights)
+        kernels = Kernels(device.xp, device.launcher, self.storage, partition_size)
+        self.forward = Forward(config, self.weights, kernels, self.gemm)
+        self._cache: DeviceKVCache | None = None
+
+    @property
+    def kv_geometry(self) -> KVGeometry:
+        cfg = self.config
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.storage.itemsize)
+
+    @property
+    def cache(self) -> DeviceKVCache:
+        if self._cache is None:
+            raise RuntimeError("init_cache() must be called before the first step")
+        return self._cache
+
+    def init_cache(self, num_blocks: int, block_size: int) -> None:
+        geo = self.kv_geometry
+        self._cache = None  # free the old cache before allocating its replacement
+        self._cache = DeviceKVCache(self.device.xp, self.storage, geo.num_layers, num_blocks, block_size,
+                                    geo.num_kv_heads, geo.head_dim)
+
+    def device_logits(self, batch: StepBatch, want_logits: bool = True) -> Any:
+        """Runs the step's forward (writing its K/V); returns the (S, vocab) float32 device logits of
+        batch.sample_rows, or None when there is nothing to sample or they are not wanted."""
+        if batch.num_tokens and int(batch.positions.max()) >= self.config.context_length:
+            raise BackendError(f"position {int(batch.positions.max())} is past the model's context length "
+                               f"{self.config.context_length}")
+        step = upload_step(self.device.xp, batch)
+        self.cache.copy_blocks(batch.block_copies)
+        if step.num_tokens == 0:
+            return None
+        x, residual = self.forward.hidden_states(step, self.cache)
+        if not want_logits or batch.sample_rows.size == 0:
+            return None
+        return self.forward.logits(step, x, residual)
+
+    def compute_logits(self, batch: StepBatch) -> np.ndarray:
+        """(S, vocab) float32 host logits for batch.sample_rows: for tests and benchmarks (copies them all)."""
+        logits = self.device_logits(batch)
+        if logits is None:
+            return np.zeros((0, self.config.vocab_size), np.float32)
+        return np.asarray(self.device.to_host(logits), dtype=np.float32)
+
+    def execute(self, batch: StepBatch) -> StepOutput:
+        start = time.perf_counter()
+        logits = self.device_logits(batch, want_logits=batch.sampling is not None)
+        self.device.synchronize()  # so "forward" is the GPU's time, not the launches'
+        forward_done = time.perf_counter()
+        if batch.sampling is None or logits is None:  # nothing to sample (a step of prefill chunks only)
+            return StepOutput(np.zeros(0, np.int64), timings={"forward": forward_done - start})
+        result = sample(self.device.xp, logits, upload_sampling(self.device.xp, batch.sampling))
+        out = self._to_host(result)
+        out.timings.update({"forward": forward_done - start, "sample": time.perf_counter() - forward_done})
+        return out
+
+    def _to_host(self, r: SampleResult) -> StepOutput:
+        """Only the S sampled values (and top-k logprobs when asked) cross to the host."""
+        host = self.device.to_host
+
+        def opt(a: Any) -> Any:
+            return None if a is None else host(a)
+
+        return StepOutput(np.asarray(host(r.token_ids), np.int64), opt(r.logprobs), opt(r.top_token_ids),
+                          opt(r.top_logprobs))
+
+
+def _check_supported(config: ModelConfig) -> None:
+    """The kernels exist for a few head sizes and need whole 16-byte rows: refuse other models up front."""
+    if config.head_dim not in launch.HEAD_DIMS:
+        raise BackendError(f"the cupy backend's attention kernels support head_dim {launch.HEAD_DIMS}, "
+                           f"not {config.head_dim} ({config.name})")
+    if config.num_heads % config.num_kv_heads:
+        raise BackendError(f"num_heads {config.num_heads} is not a multiple of num_kv_heads {config.num_kv_heads}")

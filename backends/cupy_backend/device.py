@@ -1,0 +1,76 @@
+"""What the backend runs on: an array module, a kernel launcher, and how to wait for and fetch results.
+
+`cupy_device()` is the real one (imports CuPy, compiles the kernels with NVRTC). The tests build a CPU one
+from NumPy and the emulated kernels; the backend code is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from backends.base import BackendError
+from backends.cupy_backend import launch
+from backends.cupy_backend.launcher import CupyLauncher, KernelLauncher, compile_module
+from backends.cupy_backend.source import cuda_include_dirs, module_source, nvrtc_options
+
+MISSING_CUPY = "the cupy backend needs CuPy and a CUDA GPU: pip install 'pagedserve[cuda]'"
+
+
+def _no_sync() -> None:
+    """NumPy work is finished when the call returns."""
+
+
+@dataclass(frozen=True)
+class Device:
+    xp: Any  # numpy or cupy
+    launcher: KernelLauncher
+    synchronize: Callable[[], None] = _no_sync
+    to_host: Callable[[Any], np.ndarray] = np.asarray
+    name: str = "cpu"
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def import_cupy() -> Any:
+    try:
+        import cupy  # noqa: PLC0415 - only when the cupy backend is created
+    except ImportError as exc:
+        raise BackendError(f"{MISSING_CUPY} ({exc})") from None
+    return cupy
+
+
+def cupy_device() -> Device:
+    """The current CUDA device, with every kernel compiled (once per source; CuPy caches the binary)."""
+    cupy = import_cupy()
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # noqa: BLE001 - no driver, no device: CUDARuntimeError and friends
+        raise BackendError(f"CuPy sees no CUDA device ({exc}); the cupy backend needs a GPU") from None
+    if count == 0:
+        raise BackendError("CuPy sees no CUDA device; the cupy backend needs a GPU")
+    option_sets = [nvrtc_options()]
+    extra = cuda_include_dirs()
+    if extra:
+        option_sets.append(nvrtc_options(extra))
+    try:
+        module, options = compile_module(cupy, module_source(), option_sets, launch.all_kernel_names())
+    except RuntimeError as exc:
+        raise BackendError(str(exc)) from None
+    stream_sync = cupy.cuda.get_current_stream
+    return Device(
+        xp=cupy,
+        launcher=CupyLauncher(cupy, module),
+        synchronize=lambda: stream_sync().synchronize(),
+        to_host=cupy.asnumpy,
+        name=_device_name(cupy),
+        info={"cupy": cupy.__version__, "nvrtc_options": options},
+    )
+
+
+def _device_name(cupy: Any) -> str:
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props.get("name", b"CUDA device")
+    return name.decode() if isinstance(name, bytes) else str(name)

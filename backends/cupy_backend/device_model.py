@@ -1,0 +1,104 @@
+"""The model's state on the device: weights uploaded once in the storage dtype, the rotary cos/sin table, and
+the paged KV cache.
+
+The KV cache is one array (layers, 2, num_blocks, block_size, kv_heads, head_dim): layer l's K and V are the
+contiguous views [l, 0] and [l, 1], each shaped like the NumPy backend's per-layer cache, and a copy-on-write
+block copy is one indexing operation over every layer at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from backends.cupy_backend import reference
+from backends.cupy_backend.storage import Storage
+
+if TYPE_CHECKING:  # the loader imports gguf; the backend only needs the arrays
+    from backends.model.config import ModelConfig
+    from backends.model.weights import LayerWeights, ModelWeights
+
+
+@dataclass(frozen=True)
+class DeviceLayer:
+    attn_norm: Any  # (H,)
+    wqkv: Any  # (q_size + 2 kv_size, H)
+    wo: Any  # (H, q_size)
+    ffn_norm: Any  # (H,)
+    w_gate_up: Any  # (2F, H)
+    w_down: Any  # (H, F)
+
+
+@dataclass(frozen=True)
+class DeviceWeights:
+    embedding: Any  # (V, H)
+    layers: tuple[DeviceLayer, ...]
+    final_norm: Any  # (H,)
+    lm_head: Any  # (V, H): the same array as the embedding when tied
+    cos_sin_cache: Any  # (max_position, head_dim) float32
+
+    @property
+    def num_bytes(self) -> int:
+        arrays = [self.embedding, self.final_norm, self.lm_head, self.cos_sin_cache]
+        arrays += [a for layer in self.layers for a in vars(layer).values()]
+        return sum(int(a.nbytes) for a in {id(a): a for a in arrays}.values())
+
+
+def upload_weights(xp: Any, storage: Storage, config: ModelConfig, weights: ModelWeights) -> DeviceWeights:
+    """float32 host weights -> device arrays in `storage`, each sent once (a tied head shares the embedding)."""
+
+    def put(a: np.ndarray) -> Any:
+        return xp.asarray(storage.encode(np, np.ascontiguousarray(a, dtype=np.float32)))
+
+    embedding = put(weights.embedding)
+    lm_head = embedding if weights.lm_head is weights.embedding else put(weights.lm_head)
+    cos_sin = reference.rope_cos_sin_cache(config.context_length, config.head_dim, config.rope_theta)
+    return DeviceWeights(
+        embedding=embedding,
+        layers=tuple(_layer(put, layer) for layer in weights.layers),
+        final_norm=put(weights.final_norm),
+        lm_head=lm_head,
+        cos_sin_cache=xp.asarray(cos_sin),
+    )
+
+
+def _layer(put: Any, layer: LayerWeights) -> DeviceLayer:
+    return DeviceLayer(
+        attn_norm=put(layer.attn_norm),
+        wqkv=put(layer.wqkv),
+        wo=put(layer.wo),
+        ffn_norm=put(layer.ffn_norm),
+        w_gate_up=put(layer.w_gate_up),
+        w_down=put(layer.w_down),
+    )
+
+
+class DeviceKVCache:
+    def __init__(self, xp: Any, storage: Storage, num_layers: int, num_blocks: int, block_size: int,
+                 kv_heads: int, head_dim: int) -> None:
+        self.xp = xp
+        self.data = xp.zeros((num_layers, 2, num_blocks, block_size, kv_heads, head_dim), dtype=storage.dtype)
+
+    @property
+    def block_size(self) -> int:
+        return int(self.data.shape[3])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.data.shape[2])
+
+    def keys(self, layer: int) -> Any:
+        return self.data[layer, 0]
+
+    def values(self, layer: int) -> Any:
+        return self.data[layer, 1]
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: block dst becomes a copy of block src in every layer (one transfer of the pairs)."""
+        if not pairs:
+            return
+        index = self.xp.asarray(np.array(pairs, dtype=np.int64).T)
+        self.data[:, :, index[1]] = self.data[:, :, index[0]]

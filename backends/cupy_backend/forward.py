@@ -1,0 +1,58 @@
+"""The Llama forward over the paged KV cache with our kernels and the array module's GEMMs.
+
+The residual stream follows the fused-add pattern: `residual` holds the running sum in the storage dtype and
+each fused_add_rms_norm adds the previous block's output into it and normalises the result, so every
+residual add costs no extra pass. In float32 this is the NumPy backend's `x = x + f(norm(x))` exactly, up
+to the order of the RMS sum.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from backends.cupy_backend.device_model import DeviceKVCache, DeviceLayer, DeviceWeights
+from backends.cupy_backend.gemm import Gemm
+from backends.cupy_backend.ops import AttentionShape, Kernels
+from backends.cupy_backend.step_inputs import DeviceStep
+
+if TYPE_CHECKING:
+    from backends.model.config import ModelConfig
+
+
+class Forward:
+    def __init__(self, config: ModelConfig, weights: DeviceWeights, kernels: Kernels, gemm: Gemm) -> None:
+        self.eps = config.rms_eps
+        self.shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+        self.weights, self.k, self.gemm = weights, kernels, gemm
+
+    def hidden_states(self, step: DeviceStep, cache: DeviceKVCache) -> tuple[Any, Any]:
+        """Runs every token through all layers, writing their K/V. Returns (x, residual): the final hidden
+        state is x + residual, left unsummed so the final norm fuses the add for the rows it needs."""
+        x = self.weights.embedding[step.token_ids]
+        residual = x
+        h = self.k.rms_norm(x, self.weights.layers[0].attn_norm, self.eps)
+        for index, layer in enumerate(self.weights.layers):
+            if index > 0:
+                h = self.k.fused_add_rms_norm(x, residual, layer.attn_norm, self.eps)
+            attn = self._attention(index, layer, h, step, cache)
+            h = self.k.fused_add_rms_norm(attn, residual, layer.ffn_norm, self.eps)
+            x = self._mlp(layer, h)
+        return x, residual
+
+    def logits(self, step: DeviceStep, x: Any, residual: Any) -> Any:
+        """(S, vocab) float32 logits of the sampled rows only."""
+        rows = step.sample_rows
+        h = self.k.fused_add_rms_norm(x[rows], residual[rows], self.weights.final_norm, self.eps)
+        return self.gemm.logits(h, self.weights.lm_head)
+
+    def _attention(self, index: int, layer: DeviceLayer, h: Any, step: DeviceStep, cache: DeviceKVCache) -> Any:
+        qkv = self.gemm.linear(h, layer.wqkv)
+        self.k.rope(step, qkv, self.shape, self.weights.cos_sin_cache)
+        k_cache, v_cache = cache.keys(index), cache.values(index)
+        # Every K/V of the step is in the cache before any query reads it: a chunk attends to its own keys.
+        self.k.reshape_and_cache(step, qkv, self.shape, k_cache, v_cache)
+        out = self.k.attention(step, qkv, self.shape, k_cache, v_cache)
+        return self.gemm.linear(out.reshape(step.num_tokens, self.shape.q_size), layer.wo)
+
+    def _mlp(self, layer: DeviceLayer, h: Any) -> Any:
+        return self.gemm.linear(self.k.silu_mul(self.gemm.linear(h, layer.w_gate_up)), layer.w_down)

@@ -1,0 +1,79 @@
+"""Launching a kernel described by a `launch.Launch`. The backend only sees the `KernelLauncher` protocol, so the
+same forward runs the real kernels through CuPy on a GPU, or the same sources through the CPU emulation on
+NumPy arrays in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from backends.cupy_backend.launch import Launch
+
+# NVRTC failures are reported with the end of the compiler log: enough for the error, short enough to read.
+LOG_TAIL = 4000
+
+
+class KernelLauncher(Protocol):
+    def launch(self, spec: Launch, args: Sequence[Any]) -> None:
+        """Run spec.name over spec.grid x spec.block with args typed by spec.arg_types ('p' an array)."""
+        ...
+
+
+def _scalar(code: str, value: Any) -> Any:
+    """CuPy passes a Python int as a 64-bit value: every scalar gets the exact C type of its parameter."""
+    if code == "i":
+        return np.int32(value)
+    if code == "q":
+        return np.int64(value)
+    if code == "f":
+        return np.float32(value)
+    raise ValueError(f"unknown argument type {code!r}")
+
+
+class CupyLauncher:
+    """Kernels of one cupy.RawModule, looked up by their extern "C" names once and cached."""
+
+    def __init__(self, cupy: Any, module: Any) -> None:
+        self._cupy = cupy
+        self._module = module
+        self._kernels: dict[str, Any] = {}
+
+    def kernel(self, name: str) -> Any:
+        fn = self._kernels.get(name)
+        if fn is None:
+            fn = self._kernels[name] = self._module.get_function(name)
+        return fn
+
+    def launch(self, spec: Launch, args: Sequence[Any]) -> None:
+        if len(args) != len(spec.arg_types):
+            raise TypeError(f"{spec.name} takes {len(spec.arg_types)} arguments, got {len(args)}")
+        converted = tuple(self._arg(code, value) for code, value in zip(spec.arg_types, args, strict=True))
+        self.kernel(spec.name)(spec.grid, spec.block, converted, shared_mem=spec.shared_mem)
+
+    def _arg(self, code: str, value: Any) -> Any:
+        if code != "p":
+            return _scalar(code, value)
+        if not isinstance(value, self._cupy.ndarray):
+            raise TypeError(f"pointer argument must be a device array, got {type(value).__name__}")
+        return value
+
+
+def compile_module(
+    cupy: Any, source: str, option_sets: Sequence[tuple[str, ...]], names: Sequence[str]
+) -> tuple[Any, tuple[str, ...]]:
+    """A RawModule for `source` and the options that built it, compiled now (not at the first launch) by
+    loading `names`. Tries each option set in turn (e.g. without, then with explicit CUDA include directories);
+    raises RuntimeError with every attempt's log if none compiles."""
+    errors = []
+    for options in option_sets:
+        try:
+            module = cupy.RawModule(code=source, options=options)
+            for name in names:
+                module.get_function(name)
+            return module, options
+        except Exception as exc:  # noqa: BLE001 - CompileException, or a missing header surfacing otherwise
+            errors.append(f"options {options}: {type(exc).__name__}: {str(exc)[-LOG_TAIL:]}")
+    raise RuntimeError("NVRTC could not compile the kernels:\n" + "\n".join(errors))

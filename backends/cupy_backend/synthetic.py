@@ -1,0 +1,69 @@
+"""Random-weight models in a real model's shape, for GPU checks and benchmarks on machines without the model
+file: step time and memory traffic depend on the shapes, not on the weight values."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from backends.model.config import ModelConfig
+from backends.model.loader import LoadedModel, ModelFiles
+from backends.model.weights import LayerWeights, ModelWeights
+
+# SmolLM2-135M-Instruct, the default model (see the golden file's config).
+SMOLLM2 = ModelConfig(
+    name="synthetic SmolLM2-135M shape",
+    architecture="llama",
+    num_layers=30,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    rms_eps=1e-5,
+    vocab_size=49152,
+    context_length=8192,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
+
+
+def smollm2_shape(num_layers: int = 30) -> ModelConfig:
+    return replace(SMOLLM2, num_layers=num_layers)
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> ModelWeights:
+    """float32 weights scaled like a trained model's (unit-variance activations, norms near 1), with a
+    head tied to the embedding as in SmolLM2."""
+    rng = np.random.default_rng(seed)
+    hidden, ffn = config.hidden_size, config.intermediate_size
+
+    def matrix(rows: int, cols: int) -> np.ndarray:
+        return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(cols**-0.5)
+
+    def norm() -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(hidden, dtype=np.float32)).astype(np.float32)
+
+    layers = tuple(
+        LayerWeights(
+            attn_norm=norm(),
+            wqkv=matrix(config.q_size + 2 * config.kv_size, hidden),
+            wo=matrix(hidden, config.q_size),
+            ffn_norm=norm(),
+            w_gate_up=matrix(2 * ffn, hidden),
+            w_down=matrix(hidden, ffn),
+        )
+        for _ in range(config.num_layers)
+    )
+    embedding = rng.standard_normal((config.vocab_size, hidden), dtype=np.float32)
+    return ModelWeights(embedding=embedding, layers=layers, final_norm=norm(), lm_head=embedding)
+
+
+def synthetic_model(config: ModelConfig, seed: int = 0) -> LoadedModel:
+    """A LoadedModel of random weights, for backends (which read only .config and .weights): it has no
+    tokenizer or chat template."""
+    files = ModelFiles(path=Path(config.name), config=config, tokenizer=None, chat_template=None)  # type: ignore[arg-type]
+    return LoadedModel(files=files, weights=random_weights(config, seed), load_seconds=0.0)

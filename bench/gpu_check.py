@@ -1,0 +1,424 @@
+"""One GPU check for the cupy backend, under 5 minutes, for when a GPU machine is available:
+
+    python bench/gpu_check.py --out gpu_check.json [--budget-s 280] [--skip-tests] [--dtype bfloat16]
+
+Sections, each timed and guarded (a failure is recorded and the next section still runs):
+  environment       device, memory, CuPy / CUDA versions, peak memory bandwidth (device attributes, or a table)
+  compile           NVRTC build of every kernel (cached by CuPy afterwards), and which bf16 GEMM path works
+  gpu_tests         `pytest -m gpu tests/cupy_backend` in a child process
+  decode_bandwidth  the paged-attention decode kernel at batch 64 with 4k-token contexts (SmolLM2's attention
+                    shape): achieved memory bandwidth against the peak, plain and partitioned
+  e2e_decode        end-to-end decode tokens/s at batch 1, 64 and 256 through CupyBackend.execute, on random
+                    weights in SmolLM2's shape (step time does not depend on the weight values)
+Prints a summary and writes every number to --out as JSON. Exit status 0 only when every section passed (or was
+skipped on request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+# Peak memory bandwidth (bytes/s) by device-name fragment, first match wins: vendor datasheet figures.
+PEAK_TABLE = (
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100 80GB PCIe", 1.935e12),
+    ("A100", 1.555e12),
+)
+ATTR_MEMORY_CLOCK_KHZ, ATTR_BUS_WIDTH_BITS = 36, 37  # cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth
+BANDWIDTH_TARGET = 0.70  # the issue's target for the decode kernel at batch 64, 4k contexts
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of the measurements; tests shrink them to dry-run the logic on the CPU emulation."""
+
+    dtype: str = "bfloat16"
+    bandwidth_batch: int = 64
+    bandwidth_context: int = 4096
+    bandwidth_repeats: int = 20
+    decode_batches: tuple[int, ...] = (1, 64, 256)
+    decode_context: int = 512
+    decode_steps: int = 10
+    warmup_steps: int = 3
+    num_layers: int = 30
+    block_size: int = 16
+    tests_timeout_s: float = 150.0
+
+
+@dataclass
+class Report:
+    sections: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every section passed or was skipped on request (one cut by the time budget is not ok)."""
+        return all(s.get("status") in ("ok", "skipped") for s in self.sections.values())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure helpers (no GPU): peak bandwidth, bytes moved, summary.
+
+
+def peak_from_attributes(memory_clock_khz: float, bus_width_bits: float) -> float:
+    """Double data rate: two transfers per memory clock over the whole bus."""
+    return memory_clock_khz * 1e3 * (bus_width_bits / 8) * 2
+
+
+def peak_from_table(device_name: str) -> float | None:
+    for fragment, peak in PEAK_TABLE:
+        if fragment.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def choose_peak(attribute_peak: float | None, table_peak: float | None) -> tuple[float | None, str]:
+    """The device attributes when they give a plausible number (CUDA 13 dropped some fields), else the table."""
+    if attribute_peak and attribute_peak > 1e11:
+        return attribute_peak, "device attributes"
+    if table_peak:
+        return table_peak, "datasheet table"
+    return None, "unknown"
+
+
+def decode_bytes(context_lens: Sequence[int], heads: int, kv_heads: int, head_dim: int, itemsize: int,
+                 block_size: int) -> int:
+    """Bytes the decode kernel must move at least: every K and V row of every context once (a kv head shared
+    by a GQA group counts once), the block tables it walks, the query and the output."""
+    kv = sum(context_lens) * kv_heads * head_dim * itemsize * 2
+    tables = sum(-(-c // block_size) for c in context_lens) * 4 + 4 * len(context_lens)
+    q_out = 2 * len(context_lens) * heads * head_dim * itemsize
+    return kv + tables + q_out
+
+
+def summary_lines(report: Report) -> list[str]:
+    lines = []
+    for name, s in report.sections.items():
+        head = f"{name:17s} {s.get('status', '?'):8s} {s.get('seconds', 0.0):6.1f}s"
+        detail = s.get("summary") or (s.get("error", "").splitlines() or [""])[-1]
+        lines.append(f"{head}  {detail}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections. Each takes the shared context and returns a dict with a one-line "summary".
+
+
+@dataclass
+class Context:
+    plan: Plan
+    device: Any = None  # backends.cupy_backend.device.Device, made by `compile` (or injected by a test)
+    timer: Callable[[Callable[[], None], int], float] | None = None  # seconds per call
+    env: dict[str, Any] = field(default_factory=dict)
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    import cupy  # noqa: PLC0415
+
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    attribute_peak = _attribute_peak(cupy, dev.id, props)
+    peak, source = choose_peak(attribute_peak, peak_from_table(name))
+    free, total = cupy.cuda.runtime.memGetInfo()
+    info = {
+        "device": name,
+        "compute_capability": dev.compute_capability,
+        "multiprocessors": props.get("multiProcessorCount"),
+        "memory_gib": round(total / 2**30, 1),
+        "free_gib": round(free / 2**30, 1),
+        "cupy": cupy.__version__,
+        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+        "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
+        "peak_bandwidth_gbs": None if peak is None else round(peak / 1e9, 1),
+        "peak_source": source,
+        "attribute_peak_gbs": None if attribute_peak is None else round(attribute_peak / 1e9, 1),
+        "copy_bandwidth_gbs": round(_copy_bandwidth(cupy) / 1e9, 1),
+    }
+    ctx.env.update(info)
+    info["summary"] = f"{name}, peak {info['peak_bandwidth_gbs']} GB/s ({source}), copy {info['copy_bandwidth_gbs']}"
+    return info
+
+
+def _attribute_peak(cupy: Any, device_id: int, props: dict[str, Any]) -> float | None:
+    try:
+        clock = cupy.cuda.runtime.deviceGetAttribute(ATTR_MEMORY_CLOCK_KHZ, device_id)
+        width = cupy.cuda.runtime.deviceGetAttribute(ATTR_BUS_WIDTH_BITS, device_id)
+    except Exception:  # noqa: BLE001 - fall back to the properties struct
+        clock, width = props.get("memoryClockRate"), props.get("memoryBusWidth")
+    return peak_from_attributes(clock, width) if clock and width else None
+
+
+def _copy_bandwidth(cupy: Any, num_bytes: int = 1 << 30) -> float:
+    """Device-to-device copy (read + write) of 1 GiB: what a streaming kernel can practically reach."""
+    src = cupy.ones(num_bytes // 4, cupy.float32)
+    dst = cupy.empty_like(src)
+    seconds = _event_timer(cupy)(lambda: cupy.copyto(dst, src), 10)
+    return 2 * num_bytes / seconds
+
+
+def _event_timer(cupy: Any) -> Callable[[Callable[[], None], int], float]:
+    def timed(fn: Callable[[], None], repeats: int) -> float:
+        fn()  # warm-up (allocations, first launch)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(repeats):
+            fn()
+        end.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / 1e3 / repeats
+
+    return timed
+
+
+def compile_kernels(ctx: Context) -> dict[str, Any]:
+    import cupy  # noqa: PLC0415
+
+    from backends.cupy_backend.device import cupy_device  # noqa: PLC0415
+    from backends.cupy_backend.gemm import choose_gemm  # noqa: PLC0415
+    from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
+
+    start = time.perf_counter()
+    ctx.device = cupy_device()
+    ctx.timer = _event_timer(cupy)
+    seconds = time.perf_counter() - start
+    gemm = choose_gemm(cupy, storage_for("bfloat16")).name
+    info = {"compile_seconds": round(seconds, 1), "bf16_gemm": gemm, **ctx.device.info}
+    info["summary"] = f"kernels ready in {seconds:.1f}s (cached afterwards), bf16 GEMM: {gemm}"
+    return info
+
+
+def gpu_tests(ctx: Context) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/cupy_backend", "-q", "-rA", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=ctx.plan.tests_timeout_s,
+                              check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        output, code = output + f"\ntimed out after {ctx.plan.tests_timeout_s:.0f}s", None
+    last = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+    info = {"returncode": code, "summary": last[0], "output_tail": output[-12000:]}
+    if code != 0 or " passed" not in last[0]:  # all skipped: CuPy or the device was not usable
+        raise SectionFailed(info)
+    return info
+
+
+def decode_bandwidth(ctx: Context) -> dict[str, Any]:
+    """The decode kernel alone over a paged cache with shuffled block tables, plain and partitioned."""
+    from backends.cupy_backend import launch  # noqa: PLC0415
+    from backends.cupy_backend.ops import Kernels  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import SMOLLM2  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    step, qkv, shape, k_cache, v_cache, storage = _decode_problem(device.xp, plan, SMOLLM2)
+    moved = decode_bytes([plan.bandwidth_context] * plan.bandwidth_batch, shape.num_heads, shape.num_kv_heads,
+                         shape.head_dim, storage.itemsize, plan.block_size)
+    peak = ctx.env.get("peak_bandwidth_gbs")
+    info: dict[str, Any] = {"batch": plan.bandwidth_batch, "context": plan.bandwidth_context, "dtype": plan.dtype,
+                            "bytes": moved, "policy_partitioned": launch.use_partitioned_decode(
+                                plan.bandwidth_context, plan.bandwidth_batch, shape.num_heads)}
+    for label, split in (("plain", False), ("partitioned", True)):
+        kernels = Kernels(device.xp, device.launcher, storage, split_decode=split)
+
+        def attend(k: Kernels = kernels) -> None:
+            k.attention(step, qkv, shape, k_cache, v_cache)
+
+        seconds = _timer(ctx)(attend, plan.bandwidth_repeats)
+        gbs = moved / seconds / 1e9
+        info[label] = {"microseconds": round(seconds * 1e6, 1), "gbs": round(gbs, 1),
+                       "fraction_of_peak": None if not peak else round(gbs / peak, 3)}
+    best = max(("plain", "partitioned"), key=lambda k: info[k]["gbs"])
+    frac = info[best]["fraction_of_peak"]
+    verdict = "" if frac is None else (" (meets" if frac >= BANDWIDTH_TARGET else " (below") + " the 70% target)"
+    info["summary"] = (f"{info['plain']['gbs']} GB/s plain, {info['partitioned']['gbs']} GB/s partitioned; "
+                       f"best {best} at {frac} of peak{verdict}")
+    return info
+
+
+def _decode_problem(xp: Any, plan: Plan, config: Any) -> tuple[Any, ...]:
+    """A decode-only step of `bandwidth_batch` sequences at `bandwidth_context` tokens over random KV."""
+    import numpy as np  # noqa: PLC0415
+
+    from backends.cupy_backend.ops import AttentionShape  # noqa: PLC0415
+    from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
+    from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
+    from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
+
+    storage = storage_for(plan.dtype)
+    shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+    per_seq = -(-plan.bandwidth_context // plan.block_size)
+    blocks = [int(b) for b in np.random.default_rng(0).permutation(plan.bandwidth_batch * per_seq)]
+    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (plan.bandwidth_context - 1))
+            for i in range(plan.bandwidth_batch)]
+    step = upload_step(xp, make_batch(seqs, [[7]] * plan.bandwidth_batch, plan.block_size))
+    rng = np.random.default_rng(1)
+    cache_shape = (len(blocks), plan.block_size, shape.num_kv_heads, shape.head_dim)
+
+    def rand(*dims: int) -> Any:
+        return xp.asarray(storage.encode(np, rng.standard_normal(dims, dtype=np.float32)))
+
+    return step, rand(plan.bandwidth_batch, shape.qkv_width), shape, rand(*cache_shape), rand(*cache_shape), storage
+
+
+def e2e_decode(ctx: Context) -> dict[str, Any]:
+    """CupyBackend.execute on decode-only batches (upload, forward, device sampling, ids back to the host)."""
+    from backends.cupy_backend.backend import CupyBackend  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import random_weights, smollm2_shape  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    config = smollm2_shape(plan.num_layers)
+    per_seq = -(-(plan.decode_context + 1) // plan.block_size)
+    backend = CupyBackend(config, random_weights(config), device, dtype=plan.dtype)
+    backend.init_cache(max(plan.decode_batches) * per_seq, plan.block_size)
+    info: dict[str, Any] = {"dtype": plan.dtype, "context": plan.decode_context, "layers": plan.num_layers,
+                            "gemm": backend.gemm.name, "batches": {}}
+    for batch in plan.decode_batches:
+        seconds = _decode_step_seconds(backend, batch, per_seq, plan)
+        info["batches"][str(batch)] = {"step_ms": round(seconds * 1e3, 3), "tokens_per_s": round(batch / seconds)}
+    rates = ", ".join(f"b{b}: {v['tokens_per_s']} tok/s" for b, v in info["batches"].items())
+    info["summary"] = f"{plan.dtype}, context {plan.decode_context}: {rates}"
+    return info
+
+
+def _decode_step_seconds(backend: Any, batch: int, per_seq: int, plan: Plan) -> float:
+    """Median wall time of one decode step for `batch` sequences at decode_context tokens. The same batch
+    runs repeatedly (it rewrites the same slots): identical work each time, no scheduler in the loop."""
+    from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
+
+    seqs = [SeqState(blocks=list(range(i * per_seq, (i + 1) * per_seq)), tokens=[7] * (plan.decode_context - 1))
+            for i in range(batch)]
+    step = make_batch(seqs, [[11]] * batch, plan.block_size)
+    for _ in range(plan.warmup_steps):
+        backend.execute(step)
+    times = []
+    for _ in range(plan.decode_steps):
+        start = time.perf_counter()
+        backend.execute(step)  # ends with the sampled ids on the host: the GPU work is finished
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _need_device(ctx: Context) -> Any:
+    if ctx.device is None:
+        raise RuntimeError("no device: the compile section did not succeed")
+    return ctx.device
+
+
+def _timer(ctx: Context) -> Callable[[Callable[[], None], int], float]:
+    if ctx.timer is not None:
+        return ctx.timer
+
+    def wall(fn: Callable[[], None], repeats: int) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        ctx.device.synchronize()
+        return (time.perf_counter() - start) / repeats
+
+    return wall
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running the sections under one time budget.
+
+
+class SectionFailed(Exception):
+    """A section that produced results but failed (e.g. red tests): its results are kept."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(info.get("summary", "failed"))
+        self.info = info
+
+
+Section = Callable[[Context], dict[str, Any]]
+SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds it needs at most (roughly)
+    ("environment", environment, 10.0),
+    ("compile", compile_kernels, 90.0),
+    ("gpu_tests", gpu_tests, 60.0),
+    ("decode_bandwidth", decode_bandwidth, 15.0),
+    ("e2e_decode", e2e_decode, 30.0),
+)
+
+
+def run_section(name: str, fn: Section, ctx: Context) -> dict[str, Any]:
+    start = time.perf_counter()
+    try:
+        info, status = fn(ctx), "ok"
+    except SectionFailed as exc:
+        info, status = exc.info, "failed"
+    except Exception as exc:  # noqa: BLE001 - record it and go on: GPU time is scarce
+        info, status = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-4000:]}"}, "error"
+    return {"status": status, "seconds": round(time.perf_counter() - start, 1), **info}
+
+
+def run(ctx: Context, sections: Sequence[tuple[str, Section, float]], budget_s: float,
+        skip: Sequence[str] = ()) -> Report:
+    report, deadline = Report(), time.monotonic() + budget_s
+    for name, fn, needs in sections:
+        left = deadline - time.monotonic()
+        if name in skip:
+            report.sections[name] = {"status": "skipped", "seconds": 0.0, "summary": "skipped by option"}
+        elif left < needs:
+            report.sections[name] = {"status": "no-time", "seconds": 0.0,
+                                     "summary": f"not run: {left:.0f}s of the budget left, needs ~{needs:.0f}s"}
+        else:
+            if name == "gpu_tests":  # never let the tests eat the benchmarks' share
+                ctx.plan = _with_timeout(ctx.plan, min(ctx.plan.tests_timeout_s, left - _after(sections, name)))
+            report.sections[name] = run_section(name, fn, ctx)
+        print(summary_lines(Report({name: report.sections[name]}))[0], flush=True)
+    return report
+
+
+def _after(sections: Sequence[tuple[str, Section, float]], name: str) -> float:
+    names = [s[0] for s in sections]
+    return sum(s[2] for s in sections[names.index(name) + 1 :])
+
+
+def _with_timeout(plan: Plan, seconds: float) -> Plan:
+    return Plan(**{**asdict(plan), "tests_timeout_s": max(30.0, seconds)})
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON results")
+    parser.add_argument("--budget-s", type=float, default=280.0, help="total time budget (default 280)")
+    parser.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"),
+                        help="dtype of the bandwidth and decode measurements (default bfloat16)")
+    parser.add_argument("--skip-tests", action="store_true", help="do not run the gpu-marked tests")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if str(REPO) not in sys.path:  # run as `python bench/gpu_check.py` from anywhere
+        sys.path.insert(0, str(REPO))
+    start = time.perf_counter()
+    ctx = Context(plan=Plan(dtype=args.dtype))
+    report = run(ctx, SECTIONS, args.budget_s, skip=("gpu_tests",) if args.skip_tests else ())
+    result = {"ok": report.ok, "seconds": round(time.perf_counter() - start, 1), "plan": asdict(ctx.plan),
+              "sections": report.sections}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=str))
+    print("\n".join(["", "summary:", *summary_lines(report), f"total {result['seconds']}s -> {args.out}"]))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The CPU stand-in for a GPU: NumPy arrays and the kernels' exact NVRTC source run through the emulation
+library (tests/cuda_emu), so CupyBackend's code runs unchanged with xp = numpy."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backends.cupy_backend import launch
+from backends.cupy_backend.device import Device
+from backends.cupy_backend.launch import Launch
+from backends.cupy_backend.source import module_source
+from tests.cuda import toolchain
+from tests.cuda.emu_lib import EmuLib
+
+MODULE_FILE = "module_source.cu"
+
+
+class RecordingLauncher:
+    """Launches through the emulation and remembers each kernel name, so a test can tell which paths ran."""
+
+    def __init__(self, lib: EmuLib) -> None:
+        self.lib = lib
+        self.names: list[str] = []
+
+    def launch(self, spec: Launch, args: Sequence[Any]) -> None:
+        self.names.append(spec.name)
+        self.lib.launch(spec, args)
+
+
+def emu_device(library: Path) -> tuple[Device, RecordingLauncher]:
+    launcher = RecordingLauncher(EmuLib(str(library)))
+    return Device(xp=np, launcher=launcher, name="cpu-emulation"), launcher
+
+
+def start_build(gxx: str, out_dir: Path) -> tuple[subprocess.Popen[str], Path]:
+    """Starts a g++ build of the emulation library from the very source text the backend gives NVRTC
+    (source.module_source), rather than from the .cu files one by one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MODULE_FILE).write_text(module_source())
+    (out_dir / "emu_sources.inc").write_text(f'#include "{MODULE_FILE}"\n')
+    registry = "".join(f"    EMU_KERNEL({name}),\n" for name in launch.all_kernel_names())
+    (out_dir / "emu_registry.inc").write_text(registry)
+    cmd, lib = toolchain.emu_build_command(gxx, out_dir, "")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, lib

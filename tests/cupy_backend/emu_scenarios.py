@@ -1,0 +1,167 @@
+"""End-to-end scenarios: CupyBackend on the CPU emulation against NumpyBackend on the same tiny model, fed the
+same StepBatches. Each runs in a child process (emu_run.py), since an emulated kernel can crash or hang.
+
+float32 must match to float32 rounding (logits within 1e-4, identical greedy tokens); float16 and bfloat16
+only to their precision, which checks that the 16-bit storage flows through every kernel and GEMM. A last
+scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from backends.base import StepBatch, StepOutput
+from backends.cupy_backend.backend import CupyBackend
+from backends.manual_batch import SeqState, make_batch
+from backends.model.loader import load_model
+from backends.numpy_backend.backend import NumpyBackend
+from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
+
+BLOCK_SIZE, NUM_BLOCKS = 8, 40
+# Small enough that decode contexts past it take the partitioned kernel + reduce, shorter ones the plain one.
+PARTITION_SIZE = 32
+# float32 differs from NumPy only in summation order: logits within 1e-4. The 16-bit types round weights and
+# every activation, so their bound is a fraction of the largest |logit| (10 to 17 here): measured about 0.4 %
+# (float16) and 5 % (bfloat16, whose weight rounding alone moves logits by 1.4 %); a layout or indexing bug
+# moves them by the logits' own size. Logprob bounds: measured 0.015 and 0.18 at most.
+FLOAT32_ATOL = 1e-4
+LOGIT_RTOL = {"float16": 1e-2, "bfloat16": 1e-1}
+LOGPROB_ATOL = {"float32": 1e-4, "float16": 0.05, "bfloat16": 0.5}
+
+
+@dataclass
+class Pair:
+    """The backend under test and the reference, stepped in lockstep on identical batches."""
+
+    cupy: CupyBackend
+    numpy: NumpyBackend
+    launcher: RecordingLauncher
+    dtype: str
+
+    def compare_logits(self, batch: StepBatch, what: str) -> np.ndarray:
+        got, want = self.cupy.compute_logits(batch), self.numpy.compute_logits(batch)
+        assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+        err = float(np.abs(got - want).max())
+        tol = FLOAT32_ATOL if self.dtype == "float32" else LOGIT_RTOL[self.dtype] * float(np.abs(want).max())
+        print(f"{what}: max |logit diff| {err:.3g} (tolerance {tol:.3g})", flush=True)
+        assert err <= tol, f"{what}: logits differ by {err:.3g} > {tol:.3g}"
+        return want
+
+    def execute(self, batch: StepBatch) -> tuple[StepOutput, StepOutput]:
+        return self.cupy.execute(batch), self.numpy.execute(batch)
+
+
+def make_pair(library: Path, model_path: Path, dtype: str) -> Pair:
+    model = load_model(model_path)
+    device, launcher = emu_device(library)
+    cupy = CupyBackend(model.config, model.weights, device, dtype=dtype, partition_size=PARTITION_SIZE)
+    numpy = NumpyBackend(model)
+    for backend in (cupy, numpy):
+        backend.init_cache(NUM_BLOCKS, BLOCK_SIZE)
+    return Pair(cupy, numpy, launcher, dtype)
+
+
+def _seqs(rng: np.random.Generator, count: int, blocks_each: int) -> list[SeqState]:
+    """Sequences over disjoint, shuffled physical blocks (block 0 stays unused: it pads the tables)."""
+    order = [int(b) for b in rng.permutation(np.arange(1, NUM_BLOCKS))]
+    return [SeqState(blocks=order[i * blocks_each : (i + 1) * blocks_each]) for i in range(count)]
+
+
+def _prompts(rng: np.random.Generator, lengths: tuple[int, ...]) -> list[list[int]]:
+    return [[int(t) for t in rng.integers(3, 32, n)] for n in lengths]
+
+
+def prefill_and_mixed(pair: Pair, rng: np.random.Generator) -> list[SeqState]:
+    """A prefill, a first chunk, then one mixed step: a decode row, the chunk's rest and a fresh prompt."""
+    a, b, c, spare = _seqs(rng, 4, 9)
+    pa, pb, pc = _prompts(rng, (21, 30, 9))
+    pair.compare_logits(make_batch([a], [pa[:-1]], BLOCK_SIZE), "prefill A")
+    pair.compare_logits(make_batch([b], [pb[:12]], BLOCK_SIZE), "chunk 1 of B")
+    pair.compare_logits(make_batch([a, b, c], [pa[-1:], pb[12:], pc], BLOCK_SIZE), "mixed A decode, B rest, C")
+    return [a, b, c, spare]
+
+
+def fork_with_copy(pair: Pair, seqs: list[SeqState]) -> list[SeqState]:
+    """D forks A: shares A's full blocks, gets a copy of A's partial last block (copy-on-write), then both
+    append different tokens in a decode step."""
+    a, b, c, spare = seqs
+    full = len(a.tokens) // BLOCK_SIZE
+    d = SeqState(blocks=a.blocks[:full] + spare.blocks, tokens=list(a.tokens))
+    batch = make_batch([a, b, c, d], [[5], [6], [7], [8]], BLOCK_SIZE)
+    batch = replace(batch, block_copies=((a.blocks[full], spare.blocks[0]),))
+    pair.compare_logits(batch, "decode after copy-on-write fork")
+    return [a, b, c, d]
+
+
+def greedy_steps(pair: Pair, seqs: list[SeqState], steps: int) -> None:
+    """Decode steps sampled on the device (with logprobs); both backends are fed the reference's tokens."""
+    last = [[s.tokens[-1]] for s in seqs]
+    for i in range(steps):
+        batch = make_batch(seqs, last, BLOCK_SIZE)
+        assert batch.sampling is not None
+        batch = replace(batch, sampling=replace(batch.sampling, want_logprobs=True, num_top_logprobs=3))
+        got, want = pair.execute(batch)
+        assert got.logprobs is not None and want.logprobs is not None
+        assert got.top_token_ids is not None and want.top_token_ids is not None
+        lp_err = float(np.abs(got.logprobs - want.logprobs).max())
+        print(f"greedy step {i}: tokens {got.token_ids.tolist()} vs {want.token_ids.tolist()}, "
+              f"max |logprob diff| {lp_err:.3g}, context {int(batch.context_lens.max())}", flush=True)
+        # Where the two pick different tokens (a near tie), their logprobs are still close.
+        assert lp_err <= LOGPROB_ATOL[pair.dtype], f"greedy step {i}: logprobs differ by {lp_err:.3g}"
+        if pair.dtype == "float32":
+            assert got.token_ids.tolist() == want.token_ids.tolist(), f"greedy step {i}: tokens differ"
+            assert got.top_token_ids.tolist() == want.top_token_ids.tolist()
+        last = [[int(t)] for t in want.token_ids]
+
+
+def expected_kernels(dtype: str) -> set[str]:
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+    names = ["rms_norm", "fused_add_rms_norm", "rope", "reshape_and_cache", "silu_mul"]
+    attention = ["paged_prefill_attention", "paged_attention_decode", "paged_attention_decode_partitioned",
+                 "paged_attention_reduce"]
+    return {f"{n}_{short}" for n in names} | {f"{n}_{short}_d64" for n in attention}
+
+
+def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
+    pair = make_pair(library, model_path, dtype)
+    rng = np.random.default_rng(3)
+    seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
+    # Contexts are 22..32 here; the steps take them past PARTITION_SIZE.
+    greedy_steps(pair, seqs, steps=4)
+    missing = expected_kernels(dtype) - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"{dtype}: {len(pair.launcher.names)} launches, gemm {pair.cupy.gemm.name}")
+
+
+def gpu_check_dry_run(library: Path, model_path: Path) -> None:
+    """bench/gpu_check.py's two measurement sections, shrunk, on the emulated device: the same code paths
+    as on the GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
+    from bench import gpu_check  # noqa: PLC0415 - only this scenario needs it
+
+    device, launcher = emu_device(library)
+    plan = gpu_check.Plan(dtype="bfloat16", bandwidth_batch=2, bandwidth_context=40, bandwidth_repeats=1,
+                          decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1)
+    ctx = gpu_check.Context(plan=plan, device=device, env={"peak_bandwidth_gbs": 100.0})
+    sections = [s for s in gpu_check.SECTIONS if s[0] in ("decode_bandwidth", "e2e_decode")]
+    report = gpu_check.run(ctx, sections, budget_s=600.0)
+    assert report.ok, report.sections
+    bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
+    assert bandwidth["plain"]["microseconds"] > 0 and bandwidth["partitioned"]["fraction_of_peak"] is not None
+    assert set(e2e["batches"]) == {"1", "2"} and all(v["tokens_per_s"] > 0 for v in e2e["batches"].values())
+    assert {"paged_attention_decode_bf16_d64", "paged_attention_decode_partitioned_bf16_d64",
+            "paged_attention_reduce_bf16_d64"} <= set(launcher.names)
+
+
+Scenario = Callable[[Path, Path], None]
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def scenarios() -> dict[str, Scenario]:
+    def bind(dtype: str) -> Scenario:
+        return lambda library, model_path: full_scenario(library, model_path, dtype)
+
+    return {**{dtype: bind(dtype) for dtype in DTYPES}, "gpu-check-dry-run": gpu_check_dry_run}

@@ -1,0 +1,138 @@
+"""The GPU-only glue that runs without a GPU: the NVRTC source, kernel-module compilation with its fallback,
+argument conversion for RawKernel, and the step's few host-to-device transfers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.base import BackendError
+from backends.cupy_backend import launch, source
+from backends.cupy_backend.backend import CupyBackend
+from backends.cupy_backend.device import Device
+from backends.cupy_backend.launcher import CupyLauncher, compile_module
+from backends.cupy_backend.step_inputs import upload_sampling, upload_step
+from backends.manual_batch import SeqState, make_batch
+from backends.model.loader import load_model
+from tests.backends.tiny_gguf import write_tiny_llama
+from tests.cupy_backend.fakes import DeviceArray, device, fake_cupy
+from tests.cupy_backend.tiny_model import write_tiny_llama_d64
+
+
+def test_module_source_inlines_each_local_header_once() -> None:
+    text = source.module_source()
+    assert not re.search(r'^\s*#\s*include\s+"', text, re.M), "a local include was left for NVRTC to resolve"
+    assert "#pragma once" not in text
+    assert text.count("constexpr int kWarpSize = 32;") == 1  # common.cuh
+    assert text.count("struct KvLayout") == 1  # attention_common.cuh
+    for path in source.kernel_sources():
+        assert text.count(f"// ---- {path.name}\n") == 1
+    for name in launch.all_kernel_names():  # every name is spelled out or built by a PS_DEFINE_* macro
+        base = re.sub(r"_(f32|f16|bf16)(_d\d+)?$", "", name)
+        assert f" {base}_##SUFFIX" in text, name
+
+
+def test_cuda_include_dirs_finds_a_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in source.TOOLKIT_ROOTS:
+        monkeypatch.delenv(var, raising=False)
+    include = tmp_path / "nvidia" / "cu13" / "include"
+    include.mkdir(parents=True)
+    assert source.cuda_include_dirs([str(tmp_path)]) in ([], ["/usr/local/cuda/include"])
+    for header in ("cuda_fp16.h", "cuda_bf16.h"):
+        (include / header).write_text("")
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "none"))
+    found = source.cuda_include_dirs([str(tmp_path)])
+    assert found == [str(include)] or found == ["/usr/local/cuda/include"]  # a real toolkit wins
+    assert source.nvrtc_options(found)[-1] == f"-I{found[0]}"
+
+
+class FakeModule:
+    def __init__(self, code: str, options: tuple[str, ...], fail_unless: str | None = None) -> None:
+        self.options, self.fail_unless = options, fail_unless
+        self.calls: list[tuple[Any, ...]] = []
+
+    def get_function(self, name: str) -> Any:
+        if self.fail_unless is not None and self.fail_unless not in " ".join(self.options):
+            raise RuntimeError("catastrophic error: cannot open source file \"cuda_bf16.h\"")
+
+        def kernel(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int) -> None:
+            self.calls.append((name, grid, block, args, shared_mem))
+
+        return kernel
+
+
+def test_compile_module_falls_back_to_the_next_option_set() -> None:
+    cupy = fake_cupy(RawModule=lambda code, options: FakeModule(code, options, fail_unless="-I/cuda"))
+    module, options = compile_module(cupy, "src", [("--std=c++17",), ("--std=c++17", "-I/cuda")], ["k"])
+    assert options == ("--std=c++17", "-I/cuda") and isinstance(module, FakeModule)
+
+
+def test_compile_module_reports_every_attempt() -> None:
+    cupy = fake_cupy(RawModule=lambda code, options: FakeModule(code, options, fail_unless="never"))
+    with pytest.raises(RuntimeError, match="cuda_bf16.h") as info:
+        compile_module(cupy, "src", [("-a",), ("-b",)], ["k"])
+    assert "('-a',)" in str(info.value) and "('-b',)" in str(info.value)
+
+
+def test_launcher_passes_exact_scalar_types_and_device_pointers() -> None:
+    module = FakeModule("", ())
+    launcher = CupyLauncher(fake_cupy(), module)
+    spec = launch.rms_norm("float16", 3, 200)
+    x = device(np.zeros((3, 200), np.float16))
+    launcher.launch(spec, [x, x, x, 1e-5, 200])
+    name, grid, block, args, smem = module.calls[0]
+    assert (name, grid, block, smem) == (spec.name, spec.grid, spec.block, spec.shared_mem)
+    assert isinstance(args[0], DeviceArray) and type(args[3]) is np.float32 and type(args[4]) is np.int32
+    with pytest.raises(TypeError, match="device array"):
+        launcher.launch(spec, [np.zeros(3), x, x, 1e-5, 200])
+    with pytest.raises(TypeError, match="takes 5 arguments"):
+        launcher.launch(spec, [x, x, 1e-5, 200])
+
+
+class CountingXp:
+    """numpy, counting host-to-device copies."""
+
+    def __init__(self) -> None:
+        self.transfers = 0
+
+    def asarray(self, a: Any, dtype: Any = None) -> np.ndarray:
+        self.transfers += 1
+        return np.array(a, dtype=dtype)
+
+
+def test_step_arrays_travel_in_two_transfers() -> None:
+    seqs = [SeqState(blocks=[3, 1]), SeqState(blocks=[2])]
+    batch = make_batch(seqs, [[5, 6, 7], [8]], 4)
+    batch = make_batch(seqs, [[9], [10, 11]], 4)
+    xp = CountingXp()
+    step = upload_step(xp, batch)
+    assert xp.transfers == 2
+    for name in ("token_ids", "positions", "query_start", "context_lens", "block_tables", "slot_mapping"):
+        np.testing.assert_array_equal(getattr(step, name), getattr(batch, name))
+    assert step.token_ids.dtype == np.int32 and step.slot_mapping.dtype == np.int64
+    assert step.sample_rows.tolist() == [0, 2]  # the last token row of each sampled sequence
+    assert (step.num_tokens, step.num_seqs, step.max_query_len, step.max_context_len) == (3, 2, 2, 4)
+    assert not step.decode_only
+    assert batch.sampling is not None
+    params = upload_sampling(xp, batch.sampling)
+    assert xp.transfers == 4 and params.presence_penalty is None
+    assert params.top_k.dtype == np.int64 and params.temperature.dtype == np.float32
+
+
+def test_unsupported_head_dim_is_refused_with_the_reason(tmp_path: Path) -> None:
+    model = load_model(write_tiny_llama(tmp_path / "d16.gguf"))  # head_dim 16
+    with pytest.raises(BackendError, match="head_dim"):
+        CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+
+
+def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
+    model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))  # context length 256
+    backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    backend.init_cache(40, 8)
+    seq = SeqState(blocks=list(range(1, 34)), tokens=[3] * 256)
+    with pytest.raises(BackendError, match="past the model's context length 256"):
+        backend.execute(make_batch([seq], [[4]], 8))
