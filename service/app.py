@@ -78,4 +78,6 @@ async def stop_engine(app: web.Application, drain_timeout: float) -> None:
         return
     state.phase = Phase.DRAINING
     await state.runtime.engine.stop(drain_timeout)
+    if state.runtime.telemetry is not None:  # flushes spans: bounded, and off the event loop
+        await asyncio.to_thread(state.runtime.telemetry.shutdown)
     state.phase = Phase.STOPPED

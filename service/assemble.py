@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -16,6 +17,8 @@ from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
 from service.config import AppConfig
 from service.state import Runtime
+from service.telemetry_setup import telemetry_config
+from telemetry import Telemetry
 from telemetry.interface import EngineObserver
 
 
@@ -65,4 +68,6 @@ def _tokenizer(parts: ModelParts) -> TokenizerLike:
 async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> Runtime:
     """The server's default RuntimeBuilder: load off the event loop, then make the engine on it."""
     parts = await asyncio.to_thread(build_parts, config, files)
-    return Runtime(build_engine(config, parts), parts.files.tokenizer, parts.files.chat_template)
+    telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
+    engine = build_engine(config, parts, observer=telemetry)
+    return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry)

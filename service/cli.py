@@ -28,10 +28,11 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     """Every subcommand (the benchmark adds `bench` here)."""
+    from bench.loadgen.cli import BENCH  # noqa: PLC0415
     from service.generate import GENERATE  # noqa: PLC0415  (each command imports its own heavy parts)
     from service.serve_cmd import SERVE  # noqa: PLC0415
 
-    return (SERVE, GENERATE)
+    return (SERVE, GENERATE, BENCH)
 
 
 def config_from(args: argparse.Namespace) -> AppConfig:

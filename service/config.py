@@ -14,6 +14,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names it and is meant for the user."""
 
+TRACE_EXPORTERS = ("auto", "otlp-http", "otlp-grpc", "console", "none")
 
 @dataclass(frozen=True)
 class ServiceConfig:
@@ -42,8 +43,24 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class TelemetrySettings:
+    """What the server exposes of telemetry's configuration; the standard OTEL_* variables apply too."""
+
+    trace_exporter: str = "auto"  # auto: OTLP/HTTP when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, else none
+    otlp_endpoint: str = ""  # the collector's base URL (e.g. http://collector:4318); implies otlp-http under auto
+    token_events: str = "all"  # per-token span events: all | every:N | none
+    slow_token_factor: float = 2.0  # a gap over this x the request's median gap is a slow token
+    record_content: bool = False  # prompts go into spans only when True
+
+    def __post_init__(self) -> None:
+        if self.trace_exporter not in TRACE_EXPORTERS:
+            raise ValueError(f"trace_exporter must be one of {TRACE_EXPORTERS}, not {self.trace_exporter!r}")
+
+
+@dataclass(frozen=True)
 class AppConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVPoolConfig = field(default_factory=KVPoolConfig)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -36,6 +37,7 @@ class Job:
     include_usage: bool
     timeout_s: float
     events_per_s: float  # the pacing budget (see service.pacing)
+    trace_context: Any = None  # the incoming trace (W3C traceparent) and request facts, for telemetry
 
     @property
     def num_choices(self) -> int:
@@ -63,7 +65,8 @@ def submit_all(engine: EngineLike, job: Job) -> list[RequestStream]:
     try:
         for i, ids in enumerate(job.prompts):
             rid = job.ident.id if len(job.prompts) == 1 else f"{job.ident.id}-{i}"
-            streams.append(engine.submit(EngineRequest(rid, ids, job.params, job.priority)))
+            request = EngineRequest(rid, ids, job.params, job.priority, trace_context=job.trace_context)
+            streams.append(engine.submit(request))
     except SchedulerError as exc:
         for stream in streams:
             engine.abort(stream.request_id)

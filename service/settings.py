@@ -16,13 +16,14 @@ from typing import Any
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import ConfigError, ServiceConfig
+from service.config import ConfigError, ServiceConfig, TelemetrySettings
 
 SECTIONS: dict[str, type] = {
     "service": ServiceConfig,
     "backend": BackendConfig,
     "scheduler": SchedulerConfig,
     "kv": KVPoolConfig,
+    "telemetry": TelemetrySettings,
 }
 ENV_PREFIX = "PAGEDSERVE_"
 _RENAMED = {("backend", "name"): "backend", ("service", "api_keys"): "api_key"}

@@ -55,6 +55,7 @@ class Runtime:
     engine: EngineLike
     tokenizer: Tokenizer
     chat_template: ChatTemplate
+    telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
 
 
 RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]

@@ -14,6 +14,7 @@ from service.jobs import Job
 from service.prompts import TokenIds
 from service.schemas.requests import CommonRequest
 from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
+from telemetry import extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request
 
@@ -44,5 +45,7 @@ def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenI
     service = request.app[CONFIG_KEY].service
     ident = Identity(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    operation = "chat" if prefix == "chatcmpl" else "text_completion"
+    trace = extract_context(request.headers, model=model, operation=operation)
     return Job(ident, prompts, params, req.priority, bool(req.stream), include_usage, service.request_timeout_s,
-               service.max_stream_events_per_s)
+               service.max_stream_events_per_s, trace)
