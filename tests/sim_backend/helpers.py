@@ -13,7 +13,7 @@ from backends.config import BackendConfig
 from backends.model.config import ModelConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
-from tests.backends.batches import SeqState, greedy, make_batch
+from backends.manual_batch import SeqState, greedy, make_batch
 
 BLOCK_SIZE = 16
 
