@@ -55,6 +55,14 @@ class EngineCore:
         self.accepting = True
         self._seq_ids = itertools.count()
 
+    @classmethod
+    def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: object, tokenizer: TokenizerLike,
+                    *, max_model_len: int, observer: EngineObserver | None = None) -> EngineCore:
+        """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic."""
+        clock = getattr(backend, "clock", None)
+        return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
+                   clock=clock.now if clock is not None else time.monotonic)
+
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:
         self._check_admissible(request)

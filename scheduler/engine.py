@@ -26,9 +26,8 @@ SHUTDOWN_ERROR = "server shutting down"
 class Engine:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None) -> None:
-        clock = getattr(backend, "clock", None)
-        self.core = EngineCore(scheduler_config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
-                               clock=clock.now if clock is not None else time.monotonic)
+        self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
+                                           observer=observer)
         self.backend = backend
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedserve-step")
         self._wake = asyncio.Event()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 from backends.base import Backend
 from kvpool import KVCacheManager
@@ -21,9 +20,8 @@ class LLM:
 
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None) -> None:
-        clock = getattr(backend, "clock", None)
-        self.core = EngineCore(scheduler_config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
-                               clock=clock.now if clock is not None else time.monotonic)
+        self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
+                                           observer=observer)
         self.backend = backend
         self._ids = itertools.count()
 

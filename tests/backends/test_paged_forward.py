@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from backends.manual_batch import SeqState, make_batch
 
 PROMPTS = [
     "The capital of France is",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -13,19 +14,35 @@ TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *[chr(c) for c in range
           "ab", "Ġa"]
 
 
-def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0) -> Path:
-    """2 layers, hidden 64, 4 heads (2 KV heads), vocab of 32 tokens; matrices stored as `weight_type`."""
+@dataclass(frozen=True)
+class TinyShape:
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 128
+    context: int = 256
+    weight_scale: float = 0.2
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0,
+                     shape: TinyShape = TinyShape()) -> Path:
+    """Random weights (matrices stored as `weight_type`, norms near 1) over a 32-token vocabulary."""
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
-    _metadata(writer, arch)
-    hidden, ffn, kv = 64, 128, 32
+    _metadata(writer, shape)
+    hidden, ffn, kv = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim
     _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)), weight_type)
     _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
-    for i in range(2):
-        for name, shape in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
-                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
-            _tensor(writer, f"blk.{i}.{name}.weight", rng.normal(0, 0.2, shape), weight_type)
+    for i in range(shape.layers):
+        for name, dims in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                           ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+                           ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
+            _tensor(writer, f"blk.{i}.{name}.weight", rng.normal(0, shape.weight_scale, dims), weight_type)
         for name in ("attn_norm", "ffn_norm"):
             _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, hidden), Q.F32)
     writer.write_header_to_file()
@@ -35,14 +52,14 @@ def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, s
     return path
 
 
-def _metadata(writer: gguf.GGUFWriter, arch: str) -> None:
-    writer.add_block_count(2)
-    writer.add_context_length(256)
-    writer.add_embedding_length(64)
-    writer.add_feed_forward_length(128)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_rope_dimension_count(16)
+def _metadata(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
+    writer.add_block_count(shape.layers)
+    writer.add_context_length(shape.context)
+    writer.add_embedding_length(shape.hidden)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(TOKENS))
