@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig
+from service.presets import PRESETS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -29,6 +30,7 @@ class ServiceConfig:
     max_stream_events_per_s: float = 2000.0  # SSE events/s over all streams; 0: one event per engine output
     log_prompts: bool = False  # prompts and outputs are private unless asked for
     log_level: str = "info"
+    preset: str | None = None  # a named set of scheduler settings (service/presets.py); explicit settings win
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -40,6 +42,8 @@ class ServiceConfig:
                              "non-negative")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {tuple(PRESETS)}, not {self.preset!r}")
 
 
 @dataclass(frozen=True)

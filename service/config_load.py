@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config import AppConfig, ConfigError
+from service.presets import PRESETS
 from service.settings import ENV_PREFIX, SECTIONS, Setting, all_settings, check_value, parse_text
 
 CONFIG_ENV = ENV_PREFIX + "CONFIG"  # names the config file when --config is not given
@@ -29,7 +30,16 @@ def load_config(config_file: str | None = None, env: Mapping[str, str] | None = 
         values.update(read_file(Path(path), settings))
     values.update(read_env(env, settings))
     values.update(read_flags(flags or {}, settings))
-    return build(values)
+    return build({**preset_values(values.get(("service", "preset"))), **values})
+
+
+def preset_values(name: str | None) -> Values:
+    """A preset's scheduler settings: the layer just above the defaults, under every explicit setting."""
+    if name is None:
+        return {}
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    return {("scheduler", key): value for key, value in PRESETS[name].items()}
 
 
 def read_file(path: Path, settings: tuple[Setting, ...]) -> Values:

@@ -43,7 +43,7 @@ def run(setup: Setup) -> dict[tuple[str, int], Point]:
 
 
 def report(points: dict[tuple[str, int], Point], info: dict[str, object]) -> str:
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for c in CONCURRENCIES:
         for policy in POLICIES:
             p = points[(policy, c)]

@@ -45,6 +45,8 @@ class Point:
     running_peak: float  # the most requests /metrics showed running at once (sampled every 100 ms)
     running_mean: float
     running_samples: tuple[tuple[float, float], ...] = field(default=(), repr=False)  # (seconds, running)
+    metrics_before: str = field(default="", repr=False)  # the /metrics text around the measured requests
+    metrics_after: str = field(default="", repr=False)
 
     @property
     def mean_batch(self) -> float:
@@ -59,7 +61,8 @@ class Point:
     def record(self) -> dict[str, Any]:
         m = self.measurement
         return {"name": self.name, "server_args": self.server_args, "shape": m.record.shape, "summary": m.summary,
-                "counters": self.counters, "mean_batch": self.mean_batch, "running_peak": self.running_peak, "running_mean": self.running_mean,
+                "counters": self.counters, "mean_batch": self.mean_batch, "running_peak": self.running_peak,
+                "running_mean": self.running_mean,
                 "cross_check": m.cross_check}
 
 
@@ -90,12 +93,30 @@ def setup_of(args: argparse.Namespace) -> Setup:
     return Setup(args.out_dir, None if args.no_doc else args.doc, not args.no_progress, args.scale)
 
 
+@dataclass(frozen=True)
+class Run:
+    """One measurement against an already started server."""
+
+    name: str
+    workload: Workload
+    shape: LoadShape
+    bounds: Bounds
+    endpoint: str = "completions"
+
+
 def run_point(name: str, server_args: Sequence[str], workload: Workload, shape: LoadShape, bounds: Bounds,
               setup: Setup, endpoint: str = "completions") -> Point:
     """Start a server with `server_args`, measure `workload` at `shape` against it, stop it."""
-    print(f"[{name}] pagedserve serve {' '.join(server_args)}", file=sys.stderr, flush=True)
+    return run_points(server_args, [Run(name, workload, shape, bounds, endpoint)], setup)[0]
+
+
+def run_points(server_args: Sequence[str], runs: Sequence[Run], setup: Setup) -> list[Point]:
+    """Start one server and measure each run against it in turn (each with its own warm-up)."""
+    print(f"pagedserve serve {' '.join(server_args)}", file=sys.stderr, flush=True)
     with Server(server_args) as server:
-        return asyncio.run(_measure(name, tuple(server_args), server.url, workload, shape, bounds, setup, endpoint))
+        return [asyncio.run(_measure(r.name, tuple(server_args), server.url, r.workload, r.shape, r.bounds, setup,
+                                     r.endpoint))
+                for r in runs]
 
 
 async def _measure(name: str, server_args: tuple[str, ...], url: str, workload: Workload, shape: LoadShape,
@@ -107,7 +128,8 @@ async def _measure(name: str, server_args: tuple[str, ...], url: str, workload: 
     before, after = gauge_values(snapshots.before), gauge_values(snapshots.after)
     counters = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in COUNTERS if k in after}
     running = tuple(zip(sampler.times, sampler.samples.get(RUNNING, ()), strict=True))
-    return Point(name, server_args, m, counters, sampler.peak(RUNNING), sampler.mean(RUNNING), running)
+    return Point(name, server_args, m, counters, sampler.peak(RUNNING), sampler.mean(RUNNING), running,
+                 snapshots.before, snapshots.after)
 
 
 @dataclass

@@ -9,17 +9,40 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SECTION = "## Experiments"
-ORDER = ("batching", "kv-layout", "frontier", "prefix-caching", "cross-check")  # blocks appear in this order
+ORDER = ("intro", "batching", "kv-layout", "frontier", "prefix-caching", "cross-check")  # blocks appear in this order
 INTRO = """\
-Each experiment is one command that starts its own server(s) on 127.0.0.1 (a `pagedserve serve` subprocess per
-configuration), drives them with `pagedserve bench`'s load generator over HTTP, writes its JSON and PNG into
-`docs/results/`, and rewrites its own block below. All of them use the **sim backend** (no weights: token ids
-from a hash, step time from the roofline cost model of `backends/sim_backend`) on the **real clock**, so a step
-really takes its modelled time, and everything the server does around the step (scheduler, HTTP, SSE) is
-measured as it is. The model shape is SmolLM2-135M; on the `h200` profile a decode step costs ~1.3 ms, almost
+`pagedserve bench` is the load generator used here: a pure HTTP client for any OpenAI-compatible server
+(this one, vLLM, llama.cpp's `llama-server`), streaming `/v1/completions` or `/v1/chat/completions`:
+
+```
+pagedserve bench --port 8000 --concurrency 16 --num-requests 200 --input-len 256 --output-len 128 --out run.json
+pagedserve bench --sweep concurrency=1,4,16,64 --lengths lognormal --slo ttft=500ms,tpot=50ms --out sweep.json
+pagedserve bench --rate 8 --burstiness 0.5 --duration 60 --endpoint chat --workload chat --turns 4
+pagedserve bench --workload shared-prefix --num-prefixes 4 --prefix-len 1024 --endpoint chat
+pagedserve bench --base-url http://127.0.0.1:8001 --served-model-name NAME --workload file --dataset p.jsonl
+pagedserve bench --check-metrics ...      # compare with the server's /metrics histograms, same requests
+```
+
+Load: `--concurrency N` clients in a closed loop, or `--rate R` arrivals/s in an open loop (Poisson; gamma
+with `--burstiness K`: < 1 burstier, > 1 more regular; `--concurrency` then caps requests in flight), after
+`--warmup N` unmeasured requests, until `--num-requests` or `--duration` (requests in flight then finish and
+count). Metrics follow vLLM's benchmark: TTFT to the first chunk with text; TPOT = (E2E - TTFT) / (output
+tokens - 1) per request; ITL between text chunks; E2E to the end of the stream; mean, std, p50/p90/p95/p99;
+request, output-token and total-token throughput over the run's wall time; goodput = requests/s meeting every
+`--slo` bound; failures by kind (`HTTP 503`, `timeout`, `stream error: CODE`). Output tokens come from the
+usage chunk (`stream_options.include_usage`), else from the tokenizer of `--model`. A sweep writes one JSON
+with every point and, next to it, a PNG of output throughput against p99 TTFT and p99 TPOT.
+
+Each experiment below is one command that starts its own server(s) on 127.0.0.1 (a `pagedserve serve`
+subprocess per configuration), drives them with this load generator, writes its JSON and PNG into
+`docs/results/`, and rewrites its own block of this section. All of them use the **sim backend** (no weights:
+token ids from a hash, step time from the roofline cost model of `backends/sim_backend`) on the **real clock**,
+so a step really takes its modelled time and everything the server does around it (scheduler, HTTP, SSE) is
+measured as it is. The model shape is SmolLM2-135M. On the `h200` profile a decode step costs ~1.3 ms, almost
 all of it the profile's fixed per-step overhead, so on this 2-vCPU shared machine the server's own CPU time per
 sequence is a large part of each step: read the absolute numbers as this server on this host, and the ratios
-between configurations as the result."""
+between configurations as the result. The `cpu` profile models the NumPy backend on this machine (~70 ms per
+decode step, compute-bound prefill at ~13 ms per token)."""
 
 
 def begin(key: str) -> str:
@@ -34,14 +57,18 @@ def update_block(doc: Path, key: str, body: str) -> None:
     """Replace (or insert, in ORDER) the block `key` of the Experiments section of `doc`."""
     text = doc.read_text(encoding="utf-8") if doc.exists() else "# Performance\n"
     if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n{INTRO}\n"
+        text = text.rstrip("\n") + f"\n\n{SECTION}\n"
+    if key != "intro":
+        text = _upsert(text, "intro", INTRO)
+    doc.write_text(_upsert(text, key, body), encoding="utf-8")
+
+
+def _upsert(text: str, key: str, body: str) -> str:
     block = f"{begin(key)}\n{body.strip()}\n{end(key)}"
     pattern = re.compile(re.escape(begin(key)) + r".*?" + re.escape(end(key)), re.DOTALL)
     if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = _insert(text, key, block)
-    doc.write_text(text, encoding="utf-8")
+        return pattern.sub(lambda _: block, text)
+    return _insert(text, key, block)
 
 
 def _insert(text: str, key: str, block: str) -> str:

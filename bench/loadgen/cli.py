@@ -88,7 +88,7 @@ def _note_ignored(flags: dict[str, Any]) -> None:
 
 async def _target(args: argparse.Namespace, flags: dict[str, Any]) -> Target:
     base = args.base_url or f"http://{flags.get('host', '127.0.0.1')}:{flags.get('port', 8000)}"
-    keys = flags.get("api_key") or ()
+    keys = [k.strip() for item in flags.get("api_key") or () for k in str(item).split(",") if k.strip()]
     key = keys[0] if keys else None
     model = flags.get("served_model_name") or await _first_model(base, key)
     return Target(base, args.endpoint, model, key, args.timeout)

@@ -35,11 +35,14 @@ class MetricsSnapshots:
     before: str = ""
     after: str = ""
     error: str = ""
+    settle_s: float = 0.3  # a server may record a finished request's metrics a moment after its stream ends
 
     async def start(self, http: aiohttp.ClientSession) -> None:
+        await asyncio.sleep(self.settle_s)  # the warm-up's last observations land before, not during, the run
         self.before = await self._scrape(http)
 
     async def stop(self, http: aiohttp.ClientSession) -> None:
+        await asyncio.sleep(self.settle_s)
         self.after = await self._scrape(http)
 
     async def _scrape(self, http: aiohttp.ClientSession) -> str:

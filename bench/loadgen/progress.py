@@ -35,7 +35,9 @@ class LineProgress:
         self.stream = stream
         self.in_place = stream.isatty()  # a log file gets a fresh line every few seconds instead
         self.interval_s = interval_s if interval_s is not None else (0.25 if self.in_place else 5.0)
-        self.label, self.total, self.duration_s = "", None, None
+        self.label = ""
+        self.total: int | None = None
+        self.duration_s: float | None = None
         self.t0 = self.last_draw = 0.0
         self.done = self.errors = 0
 
@@ -72,7 +74,7 @@ class LineProgress:
                 f"{rate:.1f} req/s ")
 
     def _fraction(self, elapsed: float) -> float:
-        parts = []
+        parts: list[float] = []
         if self.total:
             parts.append(self.done / self.total)
         if self.duration_s:
