@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import entry_points
+
 from backends.base import Backend, BackendError
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles

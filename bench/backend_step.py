@@ -12,6 +12,7 @@ unset it (and OPENBLAS_L2_SIZE) for this command only: `env -u OPENBLAS_CORETYPE
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -22,9 +23,9 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 import backends.numpy_backend.model as model_module
+from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
 from backends.numpy_backend.backend import NumpyBackend
-from backends.manual_batch import SeqState, make_batch
 
 BLOCK = 16
 CONTEXT = 256
@@ -63,8 +64,8 @@ def prefill_rate(backend: NumpyBackend, tokens: int = 512, repeats: int = 2) -> 
     ids = list(np.random.default_rng(0).integers(20, 40000, tokens))
     seconds = []
     for _ in range(repeats):
-        seq = SeqState(blocks=list(range(tokens // BLOCK)))
-        seconds.append(_timed(lambda: backend.compute_logits(make_batch([seq], [ids], BLOCK))))
+        batch = make_batch([SeqState(blocks=list(range(tokens // BLOCK)))], [ids], BLOCK)
+        seconds.append(_timed(functools.partial(backend.compute_logits, batch)))
     return tokens / min(seconds)
 
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     backend = NumpyBackend(model)
     backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
     timer = AttentionTimer()
-    model_module.paged_attention = timer  # type: ignore[assignment]
+    model_module.paged_attention = timer
     bandwidth = copy_bandwidth()
     streamed = _streamed_bytes(model)
     floor = streamed / bandwidth
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         step, share = decode_steps(backend, batch, args.repeats, timer)
         rate = batch / step
         base = base or rate
-        print(f"{batch:>5} {step * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} {share * 100:>7.1f} {step / floor:>10.2f}")
+        print(f"{batch:>5} {step * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} {share * 100:>7.1f} "
+              f"{step / floor:>10.2f}")
 
 
 def _streamed_bytes(model: Any) -> int:

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
-from backends.manual_batch import SeqState, make_batch
 
 GOLDEN = json.loads((Path(__file__).parent / "smollm2_golden.json").read_text())
 PROMPTS = {p["name"]: p for p in GOLDEN["prompts"]}

@@ -10,10 +10,10 @@ import numpy.typing as npt
 
 from backends.base import StepBatch
 from backends.config import BackendConfig
+from backends.manual_batch import SeqState, greedy, make_batch
 from backends.model.config import ModelConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
-from backends.manual_batch import SeqState, greedy, make_batch
 
 BLOCK_SIZE = 16
 

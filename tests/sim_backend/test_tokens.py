@@ -7,10 +7,10 @@ import pytest
 
 from backends.base import Backend, BackendError
 from backends.config import BackendConfig
+from backends.manual_batch import greedy
 from backends.model.loader import ModelFiles
 from backends.registry import create_backend
 from backends.sim_backend import SimBackend
-from backends.manual_batch import greedy
 from tests.sim_backend.helpers import backend, decode_batch, seqs, step, with_sampling
 
 PROMPTS = [[101, 202, 303, 404, 505], [7, 8, 9], [4000, 4001, 4002, 4003, 4004, 4005, 4006]]

