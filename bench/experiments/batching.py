@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, run_point, save, setup_of
-from bench.experiments.doc import table, update_block
+from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.doc import table
 from bench.loadgen.plot import plot_frontier
 from bench.loadgen.spec import Bounds, LoadShape
 from bench.loadgen.workloads import Lengths, RandomWorkload
@@ -92,9 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               for policy in POLICIES}
     plot_frontier(series, setup.out_dir / f"{KEY}.png", "continuous vs static batching (sim h200, real clock)")
     text = report(points, info)
-    if setup.doc is not None:
-        update_block(setup.doc, KEY, text)
-    print(text)
+    publish(setup, KEY, text)
     return 0
 
 

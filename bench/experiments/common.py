@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.experiments.doc import update_block
 from bench.experiments.server import Server
 from bench.loadgen.measure import Measurement, Options, measure
 from bench.loadgen.probes import GaugeSampler, MetricsSnapshots, Probe
@@ -153,3 +154,10 @@ class Provenance:
 
 def save(setup: Setup, key: str, payload: dict[str, Any]) -> Path:
     return write_json(setup.out_dir / f"{key}.json", payload)
+
+
+def publish(setup: Setup, key: str, text: str) -> None:
+    """Print an experiment's table and, unless told not to, rewrite its block in docs/PERFORMANCE.md."""
+    if setup.doc is not None:
+        update_block(setup.doc, key, text)
+    print(text)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, run_point, save, setup_of
-from bench.experiments.doc import table, update_block
+from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.doc import table
 from bench.loadgen.crosscheck import METRICS, bench_samples
 from bench.loadgen.plot import pyplot
 from bench.loadgen.promtext import find, parse_histograms
@@ -109,9 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     save(setup, KEY, {"experiment": KEY, "provenance": info, "workload": WORKLOAD, "points": [point.record()]})
     plot(point, point.metrics_before, point.metrics_after, setup.out_dir / f"{KEY}.png")
     text = report(point, info)
-    if setup.doc is not None:
-        update_block(setup.doc, KEY, text)
-    print(text)
+    publish(setup, KEY, text)
     return 0
 
 

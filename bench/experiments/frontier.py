@@ -12,8 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Run, Setup, parser, run_points, save, setup_of
-from bench.experiments.doc import table, update_block
+from bench.experiments.common import (
+    SIM_H200,
+    Point,
+    Provenance,
+    Run,
+    Setup,
+    parser,
+    publish,
+    run_points,
+    save,
+    setup_of,
+)
+from bench.experiments.doc import table
 from bench.loadgen.metrics import Summary
 from bench.loadgen.plot import plot_frontier
 from bench.loadgen.spec import Bounds, LoadShape
@@ -206,9 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "preset_points": [p.record() for p in presets.values()]})
     plot(knobs, presets, setup)
     text = report(knobs, presets, info)
-    if setup.doc is not None:
-        update_block(setup.doc, KEY, text)
-    print(text)
+    publish(setup, KEY, text)
     return 0
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, run_point, save, setup_of
-from bench.experiments.doc import table, update_block
+from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.doc import table
 from bench.loadgen.plot import pyplot
 from bench.loadgen.spec import Bounds, LoadShape
 from bench.loadgen.workloads import Lengths, RandomWorkload
@@ -112,9 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "points": [p.record() for p in points.values()]})
     plot(points, setup.out_dir / f"{KEY}.png")
     text = report(points, info)
-    if setup.doc is not None:
-        update_block(setup.doc, KEY, text)
-    print(text)
+    publish(setup, KEY, text)
     return 0
 
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiments.common import Point, Provenance, Setup, parser, run_point, save, setup_of
-from bench.experiments.doc import table, update_block
+from bench.experiments.common import Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.doc import table
 from bench.loadgen.plot import pyplot
 from bench.loadgen.spec import Bounds, LoadShape
 from bench.loadgen.workloads import Lengths, SharedPrefixWorkload
@@ -145,9 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "points": [p.record() for p in points.values()]})
     plot(points, setup.out_dir / f"{KEY}.png")
     text = report(points, info)
-    if setup.doc is not None:
-        update_block(setup.doc, KEY, text)
-    print(text)
+    publish(setup, KEY, text)
     return 0
 
 
