@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.cupy_backend.device_model import DeviceKVCache, DeviceLayer, DeviceWeights
 from backends.cupy_backend.gemm import Gemm
-from backends.cupy_backend.ops import AttentionShape, Kernels
+from backends.cupy_backend.ops import Kernels
 from backends.cupy_backend.step_inputs import DeviceStep
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Forward:
     def __init__(self, config: ModelConfig, weights: DeviceWeights, kernels: Kernels, gemm: Gemm) -> None:
         self.eps = config.rms_eps
-        self.shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+        self.shape = config
         self.weights, self.k, self.gemm = weights, kernels, gemm
 
     def hidden_states(self, step: DeviceStep, cache: DeviceKVCache) -> tuple[Any, Any]:

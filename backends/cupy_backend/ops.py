@@ -13,30 +13,12 @@ from backends.cupy_backend import launch
 from backends.cupy_backend.launcher import KernelLauncher
 from backends.cupy_backend.step_inputs import DeviceStep
 from backends.cupy_backend.storage import Storage
+from backends.model.config import ModelConfig
 
 
 def flat_from(a: Any, offset: int) -> Any:
     """A contiguous 1-D view of C-contiguous `a` starting `offset` elements in: a pointer into `a`."""
     return a.reshape(-1)[offset:]
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    @property
-    def qkv_width(self) -> int:
-        return self.q_size + 2 * self.kv_size
 
 
 @dataclass(frozen=True)
@@ -76,14 +58,14 @@ class Kernels:
         self.launcher.launch(launch.silu_mul(self.dtype, tokens, width // 2), [out, gate_up, width // 2])
         return out
 
-    def rope(self, step: DeviceStep, qkv: Any, shape: AttentionShape, cos_sin_cache: Any) -> None:
+    def rope(self, step: DeviceStep, qkv: Any, shape: ModelConfig, cos_sin_cache: Any) -> None:
         """Rotates q and k inside the fused QKV rows, in place."""
         rot_dim, width = int(cos_sin_cache.shape[1]), shape.qkv_width
         spec = launch.rope(self.dtype, step.num_tokens, shape.num_heads, shape.num_kv_heads, rot_dim)
         args = [step.positions, flat_from(qkv, 0), flat_from(qkv, shape.q_size), cos_sin_cache, rot_dim]
         self.launcher.launch(spec, [*args, shape.num_heads, shape.num_kv_heads, shape.head_dim, width, width])
 
-    def reshape_and_cache(self, step: DeviceStep, qkv: Any, shape: AttentionShape, k_cache: Any,
+    def reshape_and_cache(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
                           v_cache: Any) -> None:
         width = shape.qkv_width
         key, value = flat_from(qkv, shape.q_size), flat_from(qkv, shape.q_size + shape.kv_size)
@@ -91,7 +73,7 @@ class Kernels:
         args = [key, value, k_cache, v_cache, step.slot_mapping, shape.num_kv_heads, shape.head_dim]
         self.launcher.launch(spec, [*args, width, width])
 
-    def attention(self, step: DeviceStep, qkv: Any, shape: AttentionShape, k_cache: Any, v_cache: Any) -> Any:
+    def attention(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any, v_cache: Any) -> Any:
         """(T, heads, head_dim) attention output of every query row, over the cache (already holding this
         step's K/V). Decode-only steps use the decode kernel, split into partitions for long contexts; a step
         with any prefill chunk runs the prefill kernel over the whole batch (decode rows are 1-token chunks)."""
@@ -106,7 +88,7 @@ class Kernels:
             self.launcher.launch(spec, [out, *self._attention_args(step, qkv, shape, k_cache, v_cache)])
         return out
 
-    def _attention_args(self, step: DeviceStep, qkv: Any, shape: AttentionShape, k_cache: Any,
+    def _attention_args(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
                         v_cache: Any) -> list[Any]:
         """q, caches, tables, context lens, scale, num_kv_heads, max_blocks, block_size, q_stride."""
         scale = 1.0 / math.sqrt(shape.head_dim)
@@ -114,14 +96,14 @@ class Kernels:
         head = [flat_from(qkv, 0), k_cache, v_cache, *tables, scale, shape.num_kv_heads, step.max_blocks]
         return [*head, int(k_cache.shape[1]), shape.qkv_width]
 
-    def _prefill(self, out: Any, step: DeviceStep, qkv: Any, shape: AttentionShape, k_cache: Any,
+    def _prefill(self, out: Any, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
                  v_cache: Any) -> None:
         spec = launch.paged_prefill_attention(self.dtype, shape.head_dim, step.num_seqs, shape.num_heads,
                                               shape.num_kv_heads, step.max_query_len)
         q, k, v, tables, lens, *rest = self._attention_args(step, qkv, shape, k_cache, v_cache)
         self.launcher.launch(spec, [out, q, k, v, tables, lens, step.query_start, *rest])
 
-    def _decode_partitioned(self, out: Any, step: DeviceStep, qkv: Any, shape: AttentionShape, k_cache: Any,
+    def _decode_partitioned(self, out: Any, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
                             v_cache: Any) -> None:
         seqs, heads, size = step.num_seqs, shape.num_heads, self.partition_size
         spec = launch.paged_attention_decode_partitioned(self.dtype, shape.head_dim, seqs, heads,

@@ -41,6 +41,11 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def qkv_width(self) -> int:
+        """Columns of the fused Q/K/V projection's output."""
+        return self.q_size + 2 * self.kv_size
+
 
 def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
     """Build a ModelConfig from GGUF key/values; unsupported architectures are refused by name."""
