@@ -255,13 +255,12 @@ def _decode_problem(xp: Any, plan: Plan, config: Any) -> tuple[Any, ...]:
     """A decode-only step of `bandwidth_batch` sequences at `bandwidth_context` tokens over random KV."""
     import numpy as np  # noqa: PLC0415
 
-    from backends.cupy_backend.ops import AttentionShape  # noqa: PLC0415
     from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
     from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
     from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
 
     storage = storage_for(plan.dtype)
-    shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim)
+    shape = config  # a ModelConfig: the kernels read its head geometry
     per_seq = -(-plan.bandwidth_context // plan.block_size)
     blocks = [int(b) for b in np.random.default_rng(0).permutation(plan.bandwidth_batch * per_seq)]
     seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (plan.bandwidth_context - 1))
