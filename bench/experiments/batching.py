@@ -10,9 +10,16 @@ its max_tokens (ignore_eos), prefix caching is off, the KV pool never runs short
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from pathlib import Path
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.common import (
+    SIM_H200,
+    GridExperiment,
+    Point,
+    Provenance,
+    Setup,
+    run_point,
+)
 from bench.experiments.doc import table
 from bench.loadgen.plot import plot_frontier
 from bench.loadgen.spec import Bounds, LoadShape
@@ -81,19 +88,14 @@ steps (batch).
 """
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    setup = setup_of(parser(__doc__ or "").parse_args(argv))
-    provenance = Provenance(COMMAND)
-    points = run(setup)
-    info = provenance.finish()
-    save(setup, KEY, {"experiment": KEY, "provenance": info, "workload": WORKLOAD,
-                      "points": [p.record() for p in points.values()]})
+def plot(points: dict[tuple[str, int], Point], path: Path) -> None:
     series = {policy: [(f"C={c}", points[(policy, c)].measurement.summary) for c in CONCURRENCIES]
               for policy in POLICIES}
-    plot_frontier(series, setup.out_dir / f"{KEY}.png", "continuous vs static batching (sim h200, real clock)")
-    text = report(points, info)
-    publish(setup, KEY, text)
-    return 0
+    plot_frontier(series, path, "continuous vs static batching (sim h200, real clock)")
+
+
+EXPERIMENT = GridExperiment(KEY, COMMAND, __doc__ or "", run, plot, report, {"workload": WORKLOAD})
+main = EXPERIMENT.main
 
 
 if __name__ == "__main__":

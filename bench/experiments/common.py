@@ -10,7 +10,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,3 +161,27 @@ def publish(setup: Setup, key: str, text: str) -> None:
     if setup.doc is not None:
         update_block(setup.doc, key, text)
     print(text)
+
+
+@dataclass(frozen=True)
+class GridExperiment:
+    """An experiment that runs a set of points and reports them: parse flags, run, save JSON, plot, publish."""
+
+    key: str
+    command: str
+    doc: str
+    run: Callable[[Setup], Mapping[Any, Point]]
+    plot: Callable[[Any, Path], None]
+    report: Callable[[Any, dict[str, object]], str]
+    meta: Mapping[str, Any] = field(default_factory=dict)  # extra JSON fields, e.g. the workload
+
+    def main(self, argv: Sequence[str] | None = None) -> int:
+        setup = setup_of(parser(self.doc).parse_args(argv))
+        provenance = Provenance(self.command)
+        points = self.run(setup)
+        info = provenance.finish()
+        save(setup, self.key, {"experiment": self.key, "provenance": info, **self.meta,
+                               "points": [p.record() for p in points.values()]})
+        self.plot(points, setup.out_dir / f"{self.key}.png")
+        publish(setup, self.key, self.report(points, info))
+        return 0

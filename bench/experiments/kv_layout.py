@@ -10,10 +10,16 @@ clients, max_num_seqs 32, long-tailed prompt and output lengths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
-from bench.experiments.common import SIM_H200, Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.common import (
+    SIM_H200,
+    GridExperiment,
+    Point,
+    Provenance,
+    Setup,
+    run_point,
+)
 from bench.experiments.doc import table
 from bench.loadgen.plot import pyplot
 from bench.loadgen.spec import Bounds, LoadShape
@@ -103,17 +109,8 @@ requests over time, and throughput).
 """
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    setup = setup_of(parser(__doc__ or "").parse_args(argv))
-    provenance = Provenance(COMMAND)
-    points = run(setup)
-    info = provenance.finish()
-    save(setup, KEY, {"experiment": KEY, "provenance": info, "workload": WORKLOAD,
-                      "points": [p.record() for p in points.values()]})
-    plot(points, setup.out_dir / f"{KEY}.png")
-    text = report(points, info)
-    publish(setup, KEY, text)
-    return 0
+EXPERIMENT = GridExperiment(KEY, COMMAND, __doc__ or "", run, plot, report, {"workload": WORKLOAD})
+main = EXPERIMENT.main
 
 
 if __name__ == "__main__":

@@ -10,11 +10,16 @@ token), with a shorter prefix and fewer requests so that it finishes in about a 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.experiments.common import Point, Provenance, Setup, parser, publish, run_point, save, setup_of
+from bench.experiments.common import (
+    GridExperiment,
+    Point,
+    Provenance,
+    Setup,
+    run_point,
+)
 from bench.experiments.doc import table
 from bench.loadgen.plot import pyplot
 from bench.loadgen.spec import Bounds, LoadShape
@@ -136,17 +141,8 @@ the engine steps, one per 512-token chunk.
 """
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    setup = setup_of(parser(__doc__ or "").parse_args(argv))
-    provenance = Provenance(COMMAND)
-    points = run(setup)
-    info = provenance.finish()
-    save(setup, KEY, {"experiment": KEY, "provenance": info, "parts": PARTS,
-                      "points": [p.record() for p in points.values()]})
-    plot(points, setup.out_dir / f"{KEY}.png")
-    text = report(points, info)
-    publish(setup, KEY, text)
-    return 0
+EXPERIMENT = GridExperiment(KEY, COMMAND, __doc__ or "", run, plot, report, {"parts": PARTS})
+main = EXPERIMENT.main
 
 
 if __name__ == "__main__":
