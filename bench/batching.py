@@ -38,6 +38,7 @@ from backends.base import Backend
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, load_model, open_model
 from backends.sim_backend import RealClock, create
+from bench.stats import pct
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
@@ -124,10 +125,6 @@ class Result:
         return self.output_tokens / self.makespan
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def run_policy(label: str, policy: str, backend: Backend, files: ModelFiles, jobs: list[Job], concurrency: int,

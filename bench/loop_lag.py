@@ -27,6 +27,7 @@ from backends.base import Backend
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, load_model, open_model
 from backends.sim_backend import create
+from bench.stats import pct
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.engine import Engine
@@ -102,9 +103,6 @@ async def measure(backend: Backend, files: ModelFiles, clients: int, seconds: fl
     return load, idle, elapsed
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, open_model
 from backends.sim_backend import SimBackend, create
+from bench.stats import pct
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
@@ -95,9 +96,6 @@ def measure(core: EngineCore, backend: SimBackend, steps: int, profiler: cProfil
     return times
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main(argv: list[str] | None = None) -> None:
