@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BACKEND_NAMES = ("numpy", "cupy", "sim")
+CPU_KERNELS = ("auto", "native", "numpy")
 
 
 @dataclass(frozen=True)
@@ -15,7 +16,10 @@ class BackendConfig:
     sim_profile: str = "zero"  # sim only: zero | cpu | a100 | h100 | h200
     sim_clock: str = "real"  # sim only: real (sleeps) | virtual (advances a counter)
     sim_seed: int = 0
+    cpu_kernels: str = "auto"  # numpy only: auto (C kernels, NumPy if no compiler) | native | numpy
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"backend dtype must be float32, float16 or bfloat16, not {self.dtype!r}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"cpu_kernels must be one of {CPU_KERNELS}, not {self.cpu_kernels!r}")

@@ -17,7 +17,7 @@ def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
     from backends.model.loader import load_model  # noqa: PLC0415
     from backends.numpy_backend.backend import NumpyBackend  # noqa: PLC0415
 
-    return NumpyBackend(load_model(files.path))
+    return NumpyBackend(load_model(files.path), config.cpu_kernels)
 
 
 def _cupy(config: BackendConfig, files: ModelFiles) -> Backend:

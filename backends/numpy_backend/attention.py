@@ -1,15 +1,21 @@
 """Attention over the paged KV cache.
 
 Decode tokens (one query per sequence) are attended in one vectorised pass over the whole batch: every
-sequence's blocks are gathered into a padded (B, L) context and masked past its length. Prefill chunks, at most
-a few per step, are attended one sequence at a time with a causal mask offset by the cached prefix.
+sequence's blocks are gathered into a padded (B, L) context and masked past its length. That is the
+reference: the backend normally runs the C kernel in native/paged_attention.c, which reads the blocks in
+place. Prefill chunks, at most a few per step, are attended one sequence at a time with a causal mask offset
+by the cached prefix (BLAS matmuls, which a chunk of many queries keeps busy).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+# (q, k_cache, v_cache, block_tables, context_lens) -> out: decode_attention below, or the C kernel's binding
+DecodeAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 NEG_INF = np.float32(-np.inf)
 
@@ -72,12 +78,13 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: AttentionLayout,
-                    query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+                    query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray,
+                    decode: DecodeAttention = decode_attention) -> np.ndarray:
     """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d)."""
     out = np.empty_like(q)
     if layout.decode_rows.size:
         seqs = layout.decode_seqs
-        out[layout.decode_rows] = decode_attention(
+        out[layout.decode_rows] = decode(
             q[layout.decode_rows], k_cache, v_cache, block_tables[seqs], context_lens[seqs]
         )
     for b in layout.prefill_seqs:

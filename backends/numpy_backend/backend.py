@@ -8,6 +8,7 @@ import numpy as np
 
 from backends.base import KVGeometry, StepBatch, StepOutput
 from backends.model.loader import LoadedModel
+from backends.numpy_backend.kernel_choice import choose_decode_attention
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.model import LlamaForward
 from backends.sampling import sample
@@ -16,9 +17,11 @@ from backends.sampling import sample
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, cpu_kernels: str = "auto") -> None:
         self.model = model
-        self.forward = LlamaForward(model.config, model.weights)
+        cfg = model.config
+        attention = choose_decode_attention(cpu_kernels, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.forward = LlamaForward(cfg, model.weights, attention)
         self._cache: PagedKVCache | None = None
 
     @property

@@ -7,15 +7,17 @@ import numpy as np
 from backends.base import StepBatch
 from backends.model.config import ModelConfig
 from backends.model.weights import LayerWeights, ModelWeights
-from backends.numpy_backend.attention import AttentionLayout, paged_attention
+from backends.numpy_backend.attention import AttentionLayout, DecodeAttention, decode_attention, paged_attention
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.layers import RopeTable, rms_norm, silu_mul
 
 
 class LlamaForward:
-    def __init__(self, config: ModelConfig, weights: ModelWeights) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights,
+                 decode_attention: DecodeAttention = decode_attention) -> None:
         self.config = config
         self.weights = weights
+        self.decode_attention = decode_attention
         self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
@@ -42,7 +44,7 @@ class LlamaForward:
         q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
         cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
         out = paged_attention(q, cache.keys[index], cache.values[index], layout, batch.query_start,
-                              batch.block_tables, batch.context_lens)
+                              batch.block_tables, batch.context_lens, self.decode_attention)
         return out.reshape(-1, cfg.q_size) @ layer.wo.T
 
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,78 @@
+"""Compile the C kernels beside this file into a shared library, once per source, compiler and CPU.
+
+The library is built with -march=native for the machine it runs on, so it is compiled on first use rather than
+at install time, and cached under the user's cache directory keyed by a hash of everything that affects the
+binary. Concurrent first uses are safe: each compiles to a private temporary name and renames it into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")  # tests add -Wall -Werror
+
+
+class KernelBuildError(RuntimeError):
+    """No C compiler, or the kernels did not compile."""
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "pagedserve" / "kernels"
+
+
+def build_library(source: Path, cache_dir: Path | None = None, compiler: str | None = None) -> Path:
+    """Path of the compiled library for the C file `source`, compiling it if this build is not cached yet."""
+    cc = compiler or os.environ.get("CC", "cc")
+    target = (cache_dir or default_cache_dir()) / f"{source.stem}-{_build_key(source, cc, FLAGS)}.so"
+    if not target.exists():
+        _compile(cc, FLAGS, source, target)
+    return target
+
+
+def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    command = [*shlex.split(cc), *flags, "-o", tmp, str(source), "-lm"]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        os.unlink(tmp)
+        raise KernelBuildError(f"cannot run {cc}: {exc}") from exc
+    if done.returncode != 0:
+        os.unlink(tmp)
+        raise KernelBuildError(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
+    os.replace(tmp, target)
+
+
+def _build_key(source: Path, cc: str, flags: tuple[str, ...]) -> str:
+    """Hash of the source, flags, compiler version and CPU: any change gives a new library file."""
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(" ".join(flags).encode())
+    digest.update(_compiler_version(cc).encode())
+    digest.update(_cpu_identity().encode())
+    return digest.hexdigest()[:16]
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([*shlex.split(cc), "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return cc
+
+
+def _cpu_identity() -> str:
+    """Model name and feature flags of the first CPU (-march=native depends on both)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return os.uname().machine
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    return "\n".join(dict.fromkeys(wanted))
