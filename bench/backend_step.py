@@ -5,8 +5,10 @@
 Prints the machine's copy bandwidth, the time to stream the float32 weights once at that bandwidth (the
 floor for a batch-1 decode step), prefill tokens/s at 512 tokens, decode step time and aggregate tokens/s at
 batch 1, 8, 32 and 64 with 256-token contexts, the share of the batch-64 step spent in attention, and the
-BLAS library and kernel that ran. To benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE,
-unset it (and OPENBLAS_L2_SIZE) for this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
+BLAS library and kernel that ran. It restarts itself with the NumPy backend's process defaults
+(backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are set. To
+benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
+this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import backends.numpy_backend.model as model_module
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.process_env import DEFAULTS, reexec_with_defaults
 
 BLOCK = 16
 CONTEXT = 256
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    reexec_with_defaults("bench.backend_step")
     model = load_model()
     backend = NumpyBackend(model)
     backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
@@ -103,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     bandwidth = copy_bandwidth()
     streamed = _streamed_bytes(model)
     floor = streamed / bandwidth
-    print(f"BLAS: {blas_description()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    env = {name: os.environ.get(name, "(unset)") for name in ("OPENBLAS_CORETYPE", *DEFAULTS)}
+    print(f"BLAS: {blas_description()}; " + " ".join(f"{k}={v}" for k, v in env.items()))
+    print(f"decode attention: {getattr(backend.forward.decode_attention, '__qualname__', '?')}")
     print(f"model load: {model.load_seconds:.2f} s; weights streamed per decode step: {streamed / 1e6:.0f} MB")
     print(f"copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> weight-streaming time {floor * 1e3:.1f} ms")
     print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")

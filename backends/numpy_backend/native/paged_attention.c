@@ -28,6 +28,33 @@ static inline float hsum(vec8 v) {
     return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 
+/* r[j] = the sum of v[j]'s lanes, for 8 vectors at once: a transposing reduction, cheaper than 8 hsums. */
+#if defined(__AVX__)
+#include <immintrin.h>
+static inline vec8 hsum8(const vec8 *v) {
+    const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[0], (__m256)v[1]),
+                                     _mm256_hadd_ps((__m256)v[2], (__m256)v[3]));
+    const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[4], (__m256)v[5]),
+                                     _mm256_hadd_ps((__m256)v[6], (__m256)v[7]));
+    return (vec8)_mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+#else
+static inline vec8 hsum8(const vec8 *v) {
+    vec8 r;
+    for (int j = 0; j < LANES; j++) r[j] = hsum(v[j]);
+    return r;
+}
+#endif
+
+/* Scores of one query against 8 key rows: 8 independent FMA chains, then one hsum8. */
+static inline __attribute__((always_inline)) vec8 scores8(const vec8 *q, const vec8 *const *k, int64_t chunks) {
+    vec8 acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = q[0] * k[j][0];
+    for (int64_t c = 1; c < chunks; c++)
+        for (int j = 0; j < LANES; j++) acc[j] += q[c] * k[j][c];
+    return hsum8(acc);
+}
+
 /* Scores of the group's queries against one key row: scores[g * stride] = scale * q_g . k. Inlined into
  * per-group-size copies (see for_group) so the accumulators live in registers. */
 static inline __attribute__((always_inline)) void row_scores(const vec8 *q, const vec8 *k, int64_t chunks,
@@ -43,15 +70,6 @@ static inline __attribute__((always_inline)) void row_scores(const vec8 *q, cons
     if (chunks % 2)
         for (int64_t g = 0; g < group; g++) even[g] += q[g * chunks + chunks - 1] * k[chunks - 1];
     for (int64_t g = 0; g < group; g++) scores[g * stride] = scale * hsum(even[g] + odd[g]);
-}
-
-/* out_g += p[g * stride] * v for the group's outputs. */
-static inline __attribute__((always_inline)) void row_values(vec8 *out, const vec8 *v, int64_t chunks,
-                                                              int64_t group, const float *probs, int64_t stride) {
-    for (int64_t g = 0; g < group; g++) {
-        const float p = probs[g * stride];
-        for (int64_t c = 0; c < chunks; c++) out[g * chunks + c] += p * v[c];
-    }
 }
 
 /* exp for x <= 0 (softmax arguments), to float32 precision: 2^n * exp(r), |r| <= ln2 / 2, with a degree-6
@@ -89,29 +107,56 @@ static float exp_and_sum(float *scores, int64_t n) {
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* First row of the block holding token `first` (a multiple of block_size); prefetches the next block's rows,
- * since blocks are scattered and the hardware prefetcher stops at each block's end. */
-INLINE const float *block_rows(const DecodeShape *s, const float *layer, const int32_t *table, int64_t first,
-                               int64_t ctx) {
-    const int64_t row = s->kv_heads * s->head_dim, block = first / s->block_size;
-    if (first + s->block_size < ctx) {
-        const char *next = (const char *)(layer + (int64_t)table[block + 1] * s->block_size * row);
-        for (int64_t byte = 0; byte < s->block_size * row * 4; byte += 64) __builtin_prefetch(next + byte);
-    }
-    return layer + (int64_t)table[block] * s->block_size * row;
+/* Walks a sequence's token rows (kv_heads * head_dim floats each) through its block table in order. With
+ * `prefetch`, each step also prefetches the same row of the next block, so that block arrives while this one
+ * is computed: blocks are scattered, which stops the hardware prefetcher at every block's end. */
+typedef struct {
+    const float *layer;
+    const int32_t *table;
+    int64_t block, offset, blocks, block_size, row;
+    int prefetch;
+} RowCursor;
+
+INLINE RowCursor cursor_at_start(const DecodeShape *s, const float *layer, const int32_t *table, int64_t ctx,
+                                 int prefetch) {
+    const int64_t blocks = (ctx + s->block_size - 1) / s->block_size;
+    return (RowCursor){layer, table, 0, 0, blocks, s->block_size, s->kv_heads * s->head_dim, prefetch};
 }
 
-/* scores (heads, ctx) of one sequence: every key row is read once, for all query heads that share it. */
+INLINE const float *cursor_next(RowCursor *c) {
+    const float *row = c->layer + ((int64_t)c->table[c->block] * c->block_size + c->offset) * c->row;
+    if (c->prefetch && c->block + 1 < c->blocks) {
+        const char *ahead = (const char *)(c->layer + ((int64_t)c->table[c->block + 1] * c->block_size + c->offset) * c->row);
+        for (int64_t byte = 0; byte < c->row * (int64_t)sizeof(float); byte += 64) __builtin_prefetch(ahead + byte);
+    }
+    if (++c->offset == c->block_size) {
+        c->offset = 0;
+        c->block++;
+    }
+    return row;
+}
+
+/* scores (heads, ctx) of one sequence, 8 tokens at a time (the tail one by one); every key row is read from
+ * memory once, for all the query heads that share it. */
 INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_layer, const int32_t *table,
                             int64_t ctx, int64_t group, int64_t chunks, float *scores) {
-    const int64_t row = s->kv_heads * s->head_dim;
-    for (int64_t first = 0; first < ctx; first += s->block_size) {
-        const float *rows = block_rows(s, k_layer, table, first, ctx);
-        const int64_t end = first + s->block_size < ctx ? first + s->block_size : ctx;
-        for (int64_t t = first; t < end; t++)
-            for (int64_t h = 0; h < s->kv_heads; h++)
-                row_scores(q + h * group * chunks, (const vec8 *)(rows + (t - first) * row) + h * chunks, chunks,
-                           group, s->scale, scores + h * group * ctx + t, ctx);
+    RowCursor cursor = cursor_at_start(s, k_layer, table, ctx, 1);
+    const float *rows[LANES];
+    const vec8 *keys[LANES];
+    int64_t t = 0;
+    for (; t + LANES <= ctx; t += LANES) {
+        for (int j = 0; j < LANES; j++) rows[j] = cursor_next(&cursor);
+        for (int64_t h = 0; h < s->kv_heads; h++) {
+            for (int j = 0; j < LANES; j++) keys[j] = (const vec8 *)rows[j] + h * chunks;
+            for (int64_t g = h * group; g < (h + 1) * group; g++)
+                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks);
+        }
+    }
+    for (; t < ctx; t++) {
+        const vec8 *row = (const vec8 *)cursor_next(&cursor);
+        for (int64_t h = 0; h < s->kv_heads; h++)
+            row_scores(q + h * group * chunks, row + h * chunks, chunks, group, s->scale, scores + h * group * ctx + t,
+                       ctx);
     }
 }
 
@@ -120,19 +165,28 @@ static void softmax_rows(float *scores, int64_t heads, int64_t ctx, float *inv_s
     for (int64_t h = 0; h < heads; h++) inv_sums[h] = 1.0f / exp_and_sum(scores + h * ctx, ctx);
 }
 
-/* acc (heads * chunks vectors) = probs @ V for one sequence. */
+/* acc (heads * chunks vectors) = probs @ V for one sequence. One pass over the values per kv head and tile of
+ * up to 4 vectors of head_dim, so the group's tile accumulators stay in registers; the first pass brings the
+ * rows into cache for the others. */
 INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const int32_t *table, int64_t ctx,
                             int64_t group, int64_t chunks, const float *probs, vec8 *acc) {
-    const int64_t row = s->kv_heads * s->head_dim;
-    for (int64_t i = 0; i < s->heads * chunks; i++) acc[i] = (vec8){0};
-    for (int64_t first = 0; first < ctx; first += s->block_size) {
-        const float *rows = block_rows(s, v_layer, table, first, ctx);
-        const int64_t end = first + s->block_size < ctx ? first + s->block_size : ctx;
-        for (int64_t t = first; t < end; t++)
-            for (int64_t h = 0; h < s->kv_heads; h++)
-                row_values(acc + h * group * chunks, (const vec8 *)(rows + (t - first) * row) + h * chunks, chunks,
-                           group, probs + h * group * ctx + t, ctx);
-    }
+    const int64_t tile = chunks % 4 == 0 ? 4 : chunks % 2 == 0 ? 2 : 1;
+    for (int64_t h = 0; h < s->kv_heads; h++)
+        for (int64_t c0 = 0; c0 < chunks; c0 += tile) {
+            vec8 sums[MAX_GROUP][4];
+            for (int64_t g = 0; g < group; g++)
+                for (int64_t i = 0; i < tile; i++) sums[g][i] = (vec8){0};
+            RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, h == 0 && c0 == 0);
+            for (int64_t t = 0; t < ctx; t++) {
+                const vec8 *v = (const vec8 *)(cursor_next(&cursor) + h * s->head_dim) + c0;
+                for (int64_t g = 0; g < group; g++) {
+                    const float p = probs[(h * group + g) * ctx + t];
+                    for (int64_t i = 0; i < tile; i++) sums[g][i] += p * v[i];
+                }
+            }
+            for (int64_t g = 0; g < group; g++)
+                for (int64_t i = 0; i < tile; i++) acc[(h * group + g) * chunks + c0 + i] = sums[g][i];
+        }
 }
 
 /* Per-thread scratch: scores (heads * max_ctx), 1/sums (heads), the query and the accumulators as vectors. */

@@ -1,0 +1,30 @@
+"""Environment defaults the NumPy backend wants in place before NumPy (and so OpenBLAS) is first imported.
+
+OpenBLAS's worker threads busy-wait for 2^28 TSC cycles (about 0.1 s) after each call before they sleep. The
+decode-attention kernel runs its own threads between BLAS calls, and a spinning BLAS worker takes the core
+from them: on two cores the kernel ran 1.5x slower right after a matmul. 2^20 cycles (about 0.4 ms) still
+covers the gaps between a step's BLAS calls, so those keep their warm workers, while the workers sleep during
+attention. Only defaults: a value the user set is kept. This module imports nothing, so entry points can
+apply it first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+DEFAULTS = {"OPENBLAS_THREAD_TIMEOUT": "20"}
+
+
+def apply_defaults() -> bool:
+    """Set the defaults that are missing; False when NumPy is already loaded, so they came too late."""
+    for name, value in DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    return "numpy" not in sys.modules
+
+
+def reexec_with_defaults(module: str) -> None:
+    """Restart `python -m module` with the defaults when any is missing (for benchmarks run by hand)."""
+    missing = {name: value for name, value in DEFAULTS.items() if name not in os.environ}
+    if missing:
+        os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], {**os.environ, **missing})
