@@ -27,13 +27,14 @@ class AttentionLayout:
     decode_rows: np.ndarray  # token index of each decode sequence's query
     decode_seqs: np.ndarray  # sequence index (into the batch) of each decode query
     prefill_seqs: tuple[int, ...]  # sequence indices with more than one query token
+    all_decode: bool  # every sequence has exactly one query token: rows, sequences and tables line up
 
     @classmethod
     def of(cls, query_start: np.ndarray) -> AttentionLayout:
         q_lens = np.diff(query_start)
         decode = np.flatnonzero(q_lens == 1)
         prefill = tuple(int(b) for b in np.flatnonzero(q_lens > 1))
-        return cls(query_start[decode].astype(np.int64), decode, prefill)
+        return cls(query_start[decode].astype(np.int64), decode, prefill, len(decode) == len(q_lens))
 
 
 def _softmax_weighted(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -81,6 +82,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lay
                     query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray,
                     decode: DecodeAttention = decode_attention) -> np.ndarray:
     """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d)."""
+    if layout.all_decode:  # the common step: no row gathering
+        return decode(q, k_cache, v_cache, block_tables, context_lens)
     out = np.empty_like(q)
     if layout.decode_rows.size:
         seqs = layout.decode_seqs

@@ -8,8 +8,8 @@ import numpy as np
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(eps))
-    return (x * scale) * weight
+    mean_square = np.add.reduce(np.square(x), axis=-1, keepdims=True) / np.float32(x.shape[-1])  # not np.mean:
+    return x / np.sqrt(mean_square + np.float32(eps)) * weight  # its Python wrapper costs more than the math
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
@@ -32,13 +32,20 @@ class RopeTable:
         angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
         return cls(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
 
+    def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin (T, 1, head_dim // 2) for a step's positions: looked up once, used by every layer."""
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
     def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Rotate x (T, heads, head_dim) by each token's position."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        pairs = x.reshape(*x.shape[:-1], -1, 2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        out = np.empty_like(pairs)
-        out[..., 0] = even * cos - odd * sin
-        out[..., 1] = even * sin + odd * cos
-        return out.reshape(x.shape)
+        return rotate(x, *self.at(positions))
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate the interleaved pairs of x (T, heads, head_dim) by angles given as cos, sin (T, 1, head_dim // 2)."""
+    pairs = x.reshape(*x.shape[:-1], -1, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    out = np.empty_like(pairs)
+    out[..., 0] = even * cos - odd * sin
+    out[..., 1] = even * sin + odd * cos
+    return out.reshape(x.shape)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from backends.base import StepBatch
@@ -9,7 +11,16 @@ from backends.model.config import ModelConfig
 from backends.model.weights import LayerWeights, ModelWeights
 from backends.numpy_backend.attention import AttentionLayout, DecodeAttention, decode_attention, paged_attention
 from backends.numpy_backend.kv_cache import PagedKVCache
-from backends.numpy_backend.layers import RopeTable, rms_norm, silu_mul
+from backends.numpy_backend.layers import RopeTable, rms_norm, rotate, silu_mul
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every layer of a step shares: which rows are decode tokens, and the RoPE angles of each token."""
+
+    layout: AttentionLayout
+    cos: np.ndarray
+    sin: np.ndarray
 
 
 class LlamaForward:
@@ -23,9 +34,9 @@ class LlamaForward:
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
         """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
         x = self.weights.embedding[batch.token_ids]
-        layout = AttentionLayout.of(batch.query_start)
+        step = StepContext(AttentionLayout.of(batch.query_start), *self.rope.at(batch.positions))
         for index, layer in enumerate(self.weights.layers):
-            x = x + self._attention(index, layer, x, batch, layout, cache)
+            x = x + self._attention(index, layer, x, batch, step, cache)
             x = x + self._mlp(layer, x)
         return x
 
@@ -34,16 +45,16 @@ class LlamaForward:
         normed = rms_norm(hidden, self.weights.final_norm, self.config.rms_eps)
         return normed @ self.weights.lm_head.T
 
-    def _attention(self, index: int, layer: LayerWeights, x: np.ndarray, batch: StepBatch,
-                   layout: AttentionLayout, cache: PagedKVCache) -> np.ndarray:
+    def _attention(self, index: int, layer: LayerWeights, x: np.ndarray, batch: StepBatch, step: StepContext,
+                   cache: PagedKVCache) -> np.ndarray:
         cfg = self.config
         qkv = rms_norm(x, layer.attn_norm, cfg.rms_eps) @ layer.wqkv.T
-        q = qkv[:, : cfg.q_size].reshape(-1, cfg.num_heads, cfg.head_dim)
-        k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        heads = cfg.num_heads + cfg.num_kv_heads  # Q and K heads, rotated together
+        qk = rotate(qkv[:, : cfg.q_size + cfg.kv_size].reshape(-1, heads, cfg.head_dim), step.cos, step.sin)
+        q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         v = qkv[:, cfg.q_size + cfg.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
-        q, k = self.rope.apply(q, batch.positions), self.rope.apply(k, batch.positions)
         cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
-        out = paged_attention(q, cache.keys[index], cache.values[index], layout, batch.query_start,
+        out = paged_attention(q, cache.keys[index], cache.values[index], step.layout, batch.query_start,
                               batch.block_tables, batch.context_lens, self.decode_attention)
         return out.reshape(-1, cfg.q_size) @ layer.wo.T
 

@@ -110,14 +110,17 @@ def test_missing_compiler_is_a_build_error(tmp_path: Path) -> None:
     with pytest.raises(KernelBuildError, match="failed"):
         build_library(broken, tmp_path)
     assert list(tmp_path.glob("*.so")) == []  # no half-written library left behind
+    (tmp_path / "file").write_text("")
+    with pytest.raises(KernelBuildError, match="cache"):
+        build_library(SOURCE_DIR / "paged_attention.c", tmp_path / "file" / "sub")  # unwritable cache
 
 
-def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     assert choose_decode_attention("numpy", 9, 3, 64) is decode_attention
     native = choose_decode_attention("native", 9, 3, 64)
     assert getattr(native, "__self__", None).__class__ is NativeAttention
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    monkeypatch.setenv("XDG_CACHE_HOME", "/nonexistent-cache-root")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
         assert choose_decode_attention("auto", 9, 3, 64) is decode_attention
     assert "NumPy decode attention" in caplog.text

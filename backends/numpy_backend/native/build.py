@@ -37,8 +37,11 @@ def build_library(source: Path, cache_dir: Path | None = None, compiler: str | N
 
 
 def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    except OSError as exc:
+        raise KernelBuildError(f"cannot write the kernel cache {target.parent}: {exc}") from exc
     os.close(fd)
     command = [*shlex.split(cc), *flags, "-o", tmp, str(source), "-lm"]
     try:

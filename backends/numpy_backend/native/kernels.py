@@ -1,4 +1,7 @@
-"""ctypes bindings of the compiled C kernels, with the shape checks the C side relies on."""
+"""ctypes bindings of the compiled C kernels, with the checks the C side relies on.
+
+Arrays go to C as raw addresses (c_void_p), after the dtype and layout checks here: ndpointer argument
+checking cost about 30 us a call, more than the kernel itself for a batch of one."""
 
 from __future__ import annotations
 
@@ -10,17 +13,19 @@ import numpy as np
 
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 
-_F32P = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
-_I32P = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
+_P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 LANES = 8  # head_dim must be a multiple of this (paged_attention.c's LANES)
 MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
+PARALLEL_MIN_TOKENS = 2048  # below this much context in a batch, one thread is quicker than a hand-off
+_ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
+           -3: "context length outside its block table"}
 
 
 class NativeAttention:
     """Decode attention read straight from the paged cache (paged_attention.c).
 
-    A batch is split into `num_threads` runs of sequences with about equal context, each computed by one
+    A large batch is split into `num_threads` runs of sequences with about equal context, each computed by one
     call; ctypes releases the GIL, so the calls run in parallel on a small pool of sleeping (not spinning)
     threads."""
 
@@ -28,7 +33,7 @@ class NativeAttention:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _F32P, *[_I64] * 5, ctypes.c_float, _I64, _I64]
+        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64]
         self.num_threads = max(1, num_threads)
         self._pool = ThreadPoolExecutor(self.num_threads - 1, "decode-attn") if self.num_threads > 1 else None
 
@@ -41,25 +46,28 @@ class NativeAttention:
         """q (B, heads, d) for one token per sequence -> (B, heads, d); same contract as the NumPy reference."""
         batch, heads, dim = q.shape
         _, block_size, kv_heads, cache_dim = k_cache.shape
-        tables = np.ascontiguousarray(block_tables, np.int32)
-        lens = np.ascontiguousarray(context_lens, np.int32)
-        _check(self.supports(heads, kv_heads, dim), f"unsupported heads {heads}/{kv_heads}, head_dim {dim}")
-        _check(cache_dim == dim and v_cache.shape == k_cache.shape, "cache shape mismatch")
-        _check(tables.shape[0] == batch == lens.shape[0], "batch mismatch")
-        _check(bool(np.all((lens >= 1) & (lens <= tables.shape[1] * block_size))), "context length out of range")
+        q, tables, lens = _c_array(q, np.float32), _c_array(block_tables, np.int32), _c_array(context_lens, np.int32)
+        _check(cache_dim == dim and v_cache.shape == k_cache.shape and tables.shape[0] == batch == lens.shape[0],
+               "shape mismatch")
+        _check(_is_c_array(k_cache, np.float32) and _is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((batch, heads, dim), np.float32)
-        args = (np.ascontiguousarray(q, np.float32), k_cache, v_cache, tables, lens, out, heads, kv_heads, dim,
-                block_size, tables.shape[1], dim**-0.5)
+        args = (q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data, lens.ctypes.data,
+                out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1], dim**-0.5)
+        if self._pool is None or batch < 2 or int(lens.sum()) < PARALLEL_MIN_TOKENS:
+            self._run(args, 0, batch)
+            return out
         runs = balanced_runs(lens, self.num_threads)
-        pending = [self._pool.submit(self._run, args, *run) for run in runs[1:]] if self._pool else []
+        pending = [self._pool.submit(self._run, args, *run) for run in runs[1:]]
         self._run(args, *runs[0])
         for future in pending:
             future.result()
         return out
 
     def _run(self, args: tuple, first: int, last: int) -> None:
-        if self._fn(*args, first, last) != 0:
-            raise MemoryError("decode attention could not allocate its scratch memory")
+        status = self._fn(*args, first, last)
+        if status != 0:
+            _check(status != -1, _ERRORS[-1], MemoryError)
+            _check(False, _ERRORS.get(status, f"status {status}"))
 
 
 def balanced_runs(context_lens: np.ndarray, parts: int) -> list[tuple[int, int]]:
@@ -70,6 +78,14 @@ def balanced_runs(context_lens: np.ndarray, parts: int) -> list[tuple[int, int]]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
-def _check(condition: bool, message: str) -> None:
+def _is_c_array(a: np.ndarray, dtype: type) -> bool:
+    return a.dtype == dtype and a.flags.c_contiguous
+
+
+def _c_array(a: np.ndarray, dtype: type) -> np.ndarray:
+    return a if _is_c_array(a, dtype) else np.ascontiguousarray(a, dtype)
+
+
+def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:
     if not condition:
-        raise ValueError(f"native decode attention: {message}")
+        raise error(f"native decode attention: {message}")

@@ -244,15 +244,18 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
 /* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.
  * Computes sequences [first, last) only, so callers can split a batch across threads (no thread pool here:
  * one that spins between calls would fight the BLAS threads for the cores).
- * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0, -1 when scratch memory could not be
- * allocated, -2 for an unsupported shape. */
+ * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0; -1 when scratch memory could not be
+ * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size. */
 int decode_attention_f32(const float *q, const float *k_layer, const float *v_layer, const int32_t *block_tables,
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t block_size, int64_t table_stride, float scale, int64_t first, int64_t last) {
     if (head_dim % LANES != 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -2;
     const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale};
     int64_t max_ctx = 1;
-    for (int64_t b = first; b < last; b++) max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
+    for (int64_t b = first; b < last; b++) {
+        if (context_lens[b] < 1 || context_lens[b] > table_stride * block_size) return -3;
+        max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
+    }
     Scratch w;
     const int ok = scratch_alloc(&w, heads, head_dim, max_ctx);
     for (int64_t b = first; ok && b < last; b++)
