@@ -29,7 +29,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from threadpoolctl import threadpool_info, threadpool_limits
@@ -95,7 +95,7 @@ class Timeline(NullObserver):
         self.preemptions = 0
         self.finished: list[RequestRecord] = []
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         self.step_seqs.append(step.num_seqs)
         self.preemptions += step.preemptions
         for t in tokens:

@@ -1,14 +1,25 @@
-"""Scheduler cost per engine step: plan() + commit() with 256 running sequences, the backend step excluded.
+"""Scheduler cost per engine step with 256 running sequences, the backend step excluded.
 
-    python -m bench.scheduler_cost [--seqs 256] [--steps 1000] [--profile]
+    python -m bench.scheduler_cost [--seqs 256] [--steps 1000] [--observer null|records] [--temperature T]
+                                   [--profile]
 
 256 requests (seeded prompt lengths 32-512 tokens, fixed max_tokens so none finishes during the run) are
-prefilled on the zero-cost sim backend; then every decode step is timed in two parts: `plan()` (the
-scheduler's plan: budgets, block appends, the StepBatch arrays, sampling inputs) and `commit()` (tokens into
-sequences, stop checks, incremental detokenization, stream deltas, the telemetry records). The backend's
-execute() runs between them untimed. Wall times and this thread's CPU time are both reported: on a shared,
-busy host the CPU time is the steadier figure. Target: p99 of plan + commit under 1 ms. `--profile` adds a cProfile of
-the timed steps, top functions by own time.
+prefilled on the zero-cost sim backend; then every decode step is timed in three parts, which together are
+everything EngineCore.commit() and plan() do:
+
+- `plan`: EngineCore.plan(), i.e. Scheduler.schedule() (budgets, block appends, the StepBatch arrays, sampling
+  inputs) and the preemption/first-scheduled bookkeeping;
+- `update`: Scheduler.update() (tokens into sequences, stop checks, forks), the first half of commit();
+- `outputs`: EngineCore.process_outputs(), the rest of commit() (incremental detokenization, stop strings,
+  stream deltas, waking readers, the telemetry records, closing finished requests).
+
+The scheduler is plan + update; output processing is outputs. The backend's execute() runs between plan and
+update, untimed. Wall times and this thread's CPU time are both reported: on a shared, busy host the CPU time
+is the steadier figure. Target: p99 of the scheduler under 1 ms. `--observer records` adds an observer that
+reads every step's records (as the telemetry worker does, but here on the engine's thread); the default is
+the engine's default, the NullObserver, for which no records are built. `--temperature` above 0 makes every
+request sample (seeded), so each step draws a uniform per sequence. `--profile` adds a cProfile of the
+timed steps, top functions by own time.
 """
 
 from __future__ import annotations
@@ -20,7 +31,8 @@ import pstats
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, open_model
@@ -31,24 +43,45 @@ from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
+from telemetry.interface import EngineObserver, NullObserver, StepRecord, TokenRecord
 
 BLOCK = 16
 MAX_LEN = 4096
 
 
+PARTS = ("plan", "update", "outputs")
+
+
 @dataclass
 class StepTimes:
-    plan: list[float]
-    commit: list[float]
-    execute: list[float]
-    cpu: list[float]  # this thread's CPU time in plan + commit: what a busy, shared host does not inflate
+    """Per step and part: wall seconds, and this thread's CPU seconds (what a busy, shared host inflates less)."""
 
-    @property
-    def total(self) -> list[float]:
-        return [p + c for p, c in zip(self.plan, self.commit, strict=True)]
+    wall: dict[str, list[float]] = field(default_factory=lambda: {part: [] for part in PARTS})
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {part: [] for part in PARTS})
+    execute: list[float] = field(default_factory=list)
+
+    def add(self, wall: tuple[float, ...], cpu: tuple[float, ...]) -> None:
+        for part, w, c in zip(PARTS, wall, cpu, strict=True):
+            self.wall[part].append(w)
+            self.cpu[part].append(c)
+
+    def summed(self, parts: tuple[str, ...], cpu: bool = False) -> list[float]:
+        columns = [(self.cpu if cpu else self.wall)[part] for part in parts]
+        return [sum(values) for values in zip(*columns, strict=True)]
 
 
-def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0) -> tuple[EngineCore, SimBackend]:
+class RecordReader(NullObserver):
+    """Reads every record of every step, as the telemetry worker does (there on its own thread)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
+        self.tokens += sum(record.num_tokens for record in tokens)
+
+
+def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0, observer: EngineObserver | None = None,
+          temperature: float = 0.0) -> tuple[EngineCore, SimBackend]:
     backend = create(BackendConfig(name="sim", sim_profile="zero", sim_clock="virtual"), files)
     rng = random.Random(seed)
     prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randint(32, 512))] for _ in range(num_seqs)]
@@ -58,9 +91,9 @@ def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0) -> tuple[
     backend.init_cache(need, BLOCK)
     kv = KVCacheManager(need, BLOCK, max_model_len=MAX_LEN)
     config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=budget)
-    core = EngineCore(config, kv, files.tokenizer, max_model_len=MAX_LEN, clock=backend.clock.now)
-    params = SamplingParams(temperature=0.0, max_tokens=horizon, ignore_eos=True)
-    for i, p in enumerate(prompts):
+    core = EngineCore(config, kv, files.tokenizer, max_model_len=MAX_LEN, clock=backend.clock.now, observer=observer)
+    for i, p in enumerate(prompts):  # seeded when sampling, so each request draws its own uniforms
+        params = SamplingParams(temperature=temperature, max_tokens=horizon, ignore_eos=True, seed=i)
         core.add_request(EngineRequest(f"r{i}", tuple(p), params))
     while core.scheduler.waiting or any(s.num_uncomputed > 1 for s in core.scheduler.running):  # prefill
         step(core, backend)
@@ -68,24 +101,25 @@ def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0) -> tuple[
 
 
 def step(core: EngineCore, backend: SimBackend, times: StepTimes | None = None) -> None:
+    """One engine step: EngineCore.commit() is exactly scheduler.update() then process_outputs()."""
     c0, t0 = time.thread_time(), time.perf_counter()
     plan = core.plan()
     t1, c1 = time.perf_counter(), time.thread_time()
     assert plan.batch is not None
     output = backend.execute(plan.batch)
     c2, t2 = time.thread_time(), time.perf_counter()
-    core.commit(plan, output, t1)
+    updates = core.scheduler.update(plan, output)
     t3, c3 = time.perf_counter(), time.thread_time()
+    core.process_outputs(plan, updates, t1)
+    t4, c4 = time.perf_counter(), time.thread_time()
     if times is not None:
-        times.plan.append(t1 - t0)
+        times.add((t1 - t0, t3 - t2, t4 - t3), (c1 - c0, c3 - c2, c4 - c3))
         times.execute.append(t2 - t1)
-        times.commit.append(t3 - t2)
-        times.cpu.append(c1 - c0 + c3 - c2)
 
 
 def measure(core: EngineCore, backend: SimBackend, steps: int, profiler: cProfile.Profile | None = None
             ) -> StepTimes:
-    times = StepTimes([], [], [], [])
+    times = StepTimes()
     gc.collect()
     if profiler is not None:
         profiler.enable()
@@ -98,27 +132,41 @@ def measure(core: EngineCore, backend: SimBackend, steps: int, profiler: cProfil
 
 
 
+def report(times: StepTimes, num_seqs: int) -> None:
+    rows = (("scheduler", ("plan", "update")), ("  plan", ("plan",)), ("  update", ("update",)),
+            ("output processing", ("outputs",)), ("total", PARTS))
+    print(f"{'part':<18} {'wall p50':>9} {'p99':>7} {'max':>7} {'mean':>7}   {'CPU p50':>8} {'p99':>7}   (ms)")
+    for name, parts in rows:
+        wall, cpu = times.summed(parts), times.summed(parts, cpu=True)
+        print(f"{name:<18} {pct(wall, 0.5) * 1e3:>9.3f} {pct(wall, 0.99) * 1e3:>7.3f} {max(wall) * 1e3:>7.3f} "
+              f"{statistics.fmean(wall) * 1e3:>7.3f}   {pct(cpu, 0.5) * 1e3:>8.3f} {pct(cpu, 0.99) * 1e3:>7.3f}")
+    execute = times.execute
+    print(f"{'(sim execute)':<18} {pct(execute, 0.5) * 1e3:>9.3f} {pct(execute, 0.99) * 1e3:>7.3f} "
+          f"{max(execute) * 1e3:>7.3f} {statistics.fmean(execute) * 1e3:>7.3f}")
+    scheduler, total = times.summed(("plan", "update")), times.summed(PARTS)
+    print(f"per sequence per step: scheduler {statistics.median(scheduler) / num_seqs * 1e6:.2f} us, "
+          f"total {statistics.median(total) / num_seqs * 1e6:.2f} us (p50); target p99 scheduler < 1 ms: "
+          f"{'met' if pct(scheduler, 0.99) < 1e-3 else 'NOT met'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--observer", choices=("null", "records"), default="null")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: seeded sampling")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     files = open_model()[1]
-    core, backend = build(files, args.seqs, args.steps)
+    observer = RecordReader() if args.observer == "records" else None
+    core, backend = build(files, args.seqs, args.steps, observer=observer, temperature=args.temperature)
     running = len(core.scheduler.running)
     profiler = cProfile.Profile() if args.profile else None
     times = measure(core, backend, args.steps, profiler)
     assert len(core.scheduler.running) == running == args.seqs, "every sequence must stay running"
-    print(f"{args.seqs} running sequences, {args.steps} decode steps on the zero-cost sim backend")
-    print(f"{'part':<16} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'mean ms':>8}")
-    for name, values in (("plan", times.plan), ("commit", times.commit), ("plan+commit", times.total),
-                         ("plan+commit CPU", times.cpu), ("(sim execute)", times.execute)):
-        print(f"{name:<16} {pct(values, 0.5) * 1e3:>8.3f} {pct(values, 0.99) * 1e3:>8.3f} "
-              f"{max(values) * 1e3:>8.3f} {statistics.fmean(values) * 1e3:>8.3f}")
-    per_seq = statistics.median(times.total) / args.seqs * 1e6
-    print(f"per sequence per step: {per_seq:.2f} us (p50); target p99 plan+commit < 1 ms: "
-          f"{'met' if pct(times.total, 0.99) < 1e-3 else 'NOT met'}")
+    print(f"{args.seqs} running sequences, {args.steps} decode steps on the zero-cost sim backend, "
+          f"{args.observer} observer, temperature {args.temperature}")
+    report(times, args.seqs)
     if profiler is not None:
         print()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)

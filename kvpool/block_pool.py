@@ -50,6 +50,14 @@ class BlockPool:
             refs[block] = 1
         return blocks
 
+    def allocate_one(self) -> int:
+        """allocate(1)[0] without the list: a decode token's new block. Callers check the queue is not empty."""
+        block = self.free_queue.popleft()
+        if self.block_hashes[block] is not None:
+            self._evict(block)
+        self.ref_counts[block] = 1
+        return block
+
     def touch(self, block_ids: Iterable[int]) -> None:
         """One more reference to each block; a free cached block leaves the queue (revived)."""
         for block in block_ids:

@@ -137,15 +137,61 @@ class KVCacheManager:
         """Slots of the next num_new_tokens tokens, growing (and un-sharing) the table; None if no blocks."""
         table = self._table(seq_id)
         start = table.num_tokens
-        end = start + num_new_tokens
-        if num_new_tokens <= 0 or len(token_ids) < end:
-            return _empty_append(seq_id, start, num_new_tokens, len(token_ids))
-        if not self._fits_in_place(table, end) and not self._make_room(table, end):
+        if not self._append(table, token_ids, start + num_new_tokens, 0, []):
             return None
+        return slots_for(table.blocks, self.block_size, start, table.num_tokens)
+
+    def append_many(self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], counts: Sequence[int],
+                    changes: list[tuple[int, int, int]], first: int = 0) -> int:
+        """append_slots for seq_ids[first:] in turn (counts[i] more tokens each): one engine step's appends.
+
+        Stops at the first sequence that cannot get its blocks, leaving its table as it was, and returns its
+        index (len(seq_ids) when all got theirs). Rather than slots, it reports each table entry it sets, as
+        (index into seq_ids, block index, block id) in `changes`, so a caller keeping a copy of the tables
+        patches only those; a token's slot is then table[pos // block_size] * block_size + pos % block_size.
+        """
+        tables, refs, size, free = self._tables, self._pool.ref_counts, self.block_size, self._pool.free_queue
+        paged, caching = not self._reserve, self.enable_prefix_caching
+        for i in range(first, len(seq_ids)):
+            table = tables.get(seq_ids[i]) or self._table(seq_ids[i])
+            start = table.num_tokens
+            # Decode tokens first: one more token into the partly written block this table owns alone, the
+            # usual case, or into a new block.
+            if paged and counts[i] == 1 and start % size and refs[table.blocks[-1]] == 1:
+                table.num_tokens = start + 1
+                if caching and not (start + 1) % size:
+                    self._register_next_block(table, token_ids[i])
+            elif paged and counts[i] == 1 and not start % size and free:
+                self._append_block(table, token_ids[i], i, changes)
+            elif not self._append(table, token_ids[i], start + counts[i], i, changes):
+                return i
+        return len(seq_ids)
+
+    def _append_block(self, table: SeqTable, token_ids: Sequence[int], index: int,
+                      changes: list[tuple[int, int, int]]) -> None:
+        """A decode token that starts a new block (paged, the table full)."""
+        block = self._pool.allocate_one()
+        changes.append((index, len(table.blocks), block))
+        table.blocks.append(block)
+        table.num_tokens += 1
+        if self.enable_prefix_caching and table.num_tokens // self.block_size > len(table.hashes):
+            self._register_full_blocks(table, token_ids)
+
+    def _append(self, table: SeqTable, token_ids: Sequence[int], end: int, index: int,
+                changes: list[tuple[int, int, int]]) -> bool:
+        """Cover tokens up to `end`, recording changed entries as (index, block index, block id)."""
+        if end <= table.num_tokens or len(token_ids) < end:
+            _check_append(table.num_tokens, end, len(token_ids))
+            return True
+        if not self._fits_in_place(table, end):
+            changed = self._make_room(table, end)
+            if changed is None:
+                return False
+            changes.extend((index, j, table.blocks[j]) for j in changed)
         table.num_tokens = end
         if self.enable_prefix_caching and end // self.block_size > len(table.hashes):
             self._register_full_blocks(table, token_ids)
-        return slots_for(table.blocks, self.block_size, start, end)
+        return True
 
     def _fits_in_place(self, table: SeqTable, end: int) -> bool:
         """Tokens up to `end` land in blocks this table already owns alone: the common decode step."""
@@ -156,17 +202,18 @@ class KVCacheManager:
         # Paged tables end at the partly written block, so it is the only one written.
         return self._pool.ref_counts[table.blocks[table.num_tokens // self.block_size]] == 1
 
-    def _make_room(self, table: SeqTable, end: int) -> bool:
-        """Un-share and grow the table to cover `end`, or change nothing and return False."""
+    def _make_room(self, table: SeqTable, end: int) -> list[int] | None:
+        """Un-share and grow the table to cover `end`, returning the table indices it set; or change nothing
+        and return None."""
         grow = self._growth(table, end)
         shared = self._shared_in_range(table, end)
         if grow + len(shared) > len(self._pool.free_queue):
-            return False
+            return None
         if shared:
             self._copy_on_write(table, shared)
         if grow:
             table.blocks.extend(self._pool.allocate(grow))
-        return True
+        return shared + list(range(len(table.blocks) - grow, len(table.blocks)))
 
     def _growth(self, table: SeqTable, end: int) -> int:
         """New blocks the table needs to cover `end` tokens."""
@@ -203,6 +250,12 @@ class KVCacheManager:
         for index, block_hash in enumerate(new_hashes, done):
             register(blocks[index], block_hash)
         table.hashes.extend(new_hashes)
+
+    def _register_next_block(self, table: SeqTable, token_ids: Sequence[int]) -> None:
+        """_register_full_blocks for the one block a decode token just filled."""
+        block_hash = self._hasher.chain_next(table.hashes, token_ids)
+        self._pool.register(table.blocks[len(table.hashes)], block_hash)
+        table.hashes.append(block_hash)
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         """Pending (src, dst) block copies; the backend must run them before the step's KV writes."""
@@ -267,11 +320,10 @@ def _validate_args(block_size: int, kv_layout: str, max_model_len: int) -> None:
         raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
 
 
-def _empty_append(seq_id: int, start: int, num_new_tokens: int, num_known: int) -> list[int]:
-    """append_slots' answer outside the normal case: nothing to do, or a caller bug."""
-    if num_new_tokens < 0 or num_known < start + num_new_tokens:
-        raise ValueError(f"seq {seq_id}: {num_new_tokens} tokens after {start}, {num_known} known")
-    return []
+def _check_append(start: int, end: int, num_known: int) -> None:
+    """append_slots outside the normal case: no tokens (nothing to do), or a caller bug."""
+    if end < start or num_known < end:
+        raise ValueError(f"{end - start} tokens after {start}, {num_known} known")
 
 
 def _check_token_count(token_ids: Sequence[int], num_tokens: int) -> None:

@@ -21,15 +21,22 @@ from scheduler.errors import (
 from scheduler.output_processor import (
     RequestState,
     TokenizerLike,
-    apply_update,
+    apply_updates,
     close_aborted,
     new_request_state,
 )
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
-from scheduler.scheduler import Scheduler, SchedulerPlan
+from scheduler.scheduler import Scheduler, SchedulerPlan, StepUpdates
 from scheduler.sequence import SequenceStatus
-from telemetry.interface import EngineObserver, NullObserver, RequestRecord, StepRecord, TokenRecord
+from telemetry.interface import (
+    EngineObserver,
+    NullObserver,
+    RequestRecord,
+    StepRecord,
+    StepTokens,
+    observes_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids))
         self.observer: EngineObserver = observer or NullObserver()
+        self._observes_steps = observes_steps(self.observer)
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
         self.accepting = True
@@ -125,31 +133,46 @@ class EngineCore:
         now = self.clock()
         for seq in plan.preempted:
             self.observer.request_preempted(seq.request_id, now)
-        for item in plan.scheduled:
-            state = self.requests[item.seq.request_id]
+        for seq in plan.admitted:  # the only way into a batch: a first schedule is an admission
+            state = self.requests[seq.request_id]
             if state.first_scheduled is None:
                 state.first_scheduled = now
         return plan
 
     def commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
-        """Apply a finished step: tokens into streams, finished requests closed, telemetry told."""
-        updates = self.scheduler.update(plan, output)
+        """Apply a finished step: the scheduler's update, then its outputs."""
+        self.process_outputs(plan, self.scheduler.update(plan, output), started)
+
+    def process_outputs(self, plan: SchedulerPlan, updates: StepUpdates, started: float) -> None:
+        """Tokens into streams (text, stop strings), readers woken, telemetry told, finished requests closed."""
         end = self.clock()
-        touched: dict[str, RequestState] = {}
-        for update in updates:
-            state = self.requests[update.seq.request_id]
-            apply_update(state, update, self.scheduler)
-            state.step_tokens += 1
-            touched[state.request.request_id] = state
-        tokens = [self._token_record(plan, state, end) for state in touched.values()]
-        self.observer.step_finished(self._step_record(plan, started, end), tokens)
-        for state in touched.values():
+        touched, ending = apply_updates(self.requests, updates, self.scheduler)
+        counts, firsts = self._publish(touched, end)
+        if self._observes_steps:
+            tokens = StepTokens(plan.step_id, end, len(plan.seqs), plan.prefill_tokens, list(touched), counts,
+                                firsts)
+            self.observer.step_finished(self._step_record(plan, started, end), tokens)
+        for state in ending.values():
             if state.finished:
                 self._close(state, None)
 
+    def _publish(self, touched: dict[str, RequestState], end: float) -> tuple[list[int], frozenset[str]]:
+        """Wake each reader once per step; returns each request's token count and those that got their first."""
+        counts: list[int] = []
+        firsts: list[str] = []
+        for request_id, state in touched.items():
+            state.completion_tokens += state.step_tokens
+            state.stream.publish(state.completion_tokens, state.cached_tokens)
+            counts.append(state.step_tokens)
+            state.step_tokens = 0
+            if state.first_token is None:
+                state.first_token = end
+                firsts.append(request_id)
+        return counts, frozenset(firsts)
+
     def fail(self, plan: SchedulerPlan, error: str) -> None:
         """The backend raised on this step: fail only the requests it carried."""
-        for request_id in {item.seq.request_id for item in plan.scheduled}:
+        for request_id in {seq.request_id for seq in plan.seqs}:
             self.abort(request_id, error)
         # Blocks were published in the prefix cache when planned, but this step never wrote their KV: a later
         # prompt must not hit them. Failures are rare, so forgetting the whole cache is the simple safe way.
@@ -164,21 +187,13 @@ class EngineCore:
             len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,
             state.first_scheduled, state.first_token, error))
 
-    def _token_record(self, plan: SchedulerPlan, state: RequestState, end: float) -> TokenRecord:
-        first = state.first_token is None
-        if first:
-            state.first_token = end
-        count, state.step_tokens = state.step_tokens, 0
-        return TokenRecord(state.request.request_id, plan.step_id, end, count, first,
-                           len(plan.scheduled), plan.prefill_tokens)
-
     def _step_record(self, plan: SchedulerPlan, started: float, end: float) -> StepRecord:
         kv = self.kv.stats()
-        chunks = tuple((item.seq.request_id, item.num_tokens) for item in plan.scheduled if item.is_prefill)
-        return StepRecord(plan.step_id, started, end, len(plan.scheduled), plan.prefill_tokens,
+        chunks = tuple((plan.seqs[i].request_id, int(plan.counts[i])) for i in plan.prefill)
+        return StepRecord(plan.step_id, started, end, len(plan.seqs), plan.prefill_tokens,
                           plan.decode_tokens, kv.usage, len(self.scheduler.running),
                           len(self.scheduler.waiting), len(plan.preempted),
-                          tuple(dict.fromkeys(item.seq.request_id for item in plan.scheduled)),
+                          tuple(dict.fromkeys(seq.request_id for seq in plan.seqs)),
                           kv.prefix_queries, kv.prefix_hits, chunks)
 
     def stats(self) -> EngineStats:

@@ -103,6 +103,6 @@ class Engine:
         return await loop.run_in_executor(self._executor, self.backend.execute, plan.batch)
 
     def _fail(self, plan: SchedulerPlan, exc: Exception) -> None:
-        log.exception("engine step %d failed; failing its %d requests", plan.step_id, len(plan.scheduled),
+        log.exception("engine step %d failed; failing its %d requests", plan.step_id, len(plan.seqs),
                       exc_info=exc)
         self.core.fail(plan, f"the model backend failed on this request's step: {type(exc).__name__}: {exc}")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from scheduler.outputs import ChoiceDelta, RequestStream
+from scheduler.outputs import ChoiceDelta, RequestStream, TokenLogprob
 from scheduler.request import EngineRequest
-from scheduler.scheduler import Scheduler, SeqUpdate
+from scheduler.scheduler import Scheduler, StepUpdates
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.stop import Detokenizer, TextAssembler
 
@@ -32,15 +32,12 @@ class RequestState:
     first_scheduled: float | None = None
     first_token: float | None = None
     error: str | None = None
-    step_tokens: int = field(default=0)  # tokens this request got in the current step (telemetry)
+    step_tokens: int = 0  # tokens this request got in the current step
+    completion_tokens: int = 0  # output tokens of all its choices so far, counted at the end of each step
 
     @property
     def finished(self) -> bool:
         return all(s.status.finished for s in self.seqs)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(s.num_output_tokens for s in self.seqs)
 
     @property
     def cached_tokens(self) -> int:
@@ -68,22 +65,45 @@ def _sequence(request: EngineRequest, seq_id: int, index: int) -> Sequence:
                     params=request.params, priority=request.priority, arrival_time=request.arrival_time, rng=rng)
 
 
-def apply_update(state: RequestState, update: SeqUpdate, scheduler: Scheduler) -> None:
-    """Detokenize one new token into the request's stream; a stop string ends the sequence here."""
-    seq = update.seq
-    text, stop = state.texts[seq.index].push([update.token_id])
-    finished = update.finished
+def apply_updates(requests: dict[str, RequestState], updates: StepUpdates, scheduler: Scheduler
+                  ) -> tuple[dict[str, RequestState], dict[str, RequestState]]:
+    """Each new token into its request's stream. Returns the requests that got tokens, in step order, and
+    those of them with a choice that ended this step."""
+    touched: dict[str, RequestState] = {}
+    ending: dict[str, RequestState] = {}
+    logprobs, finished = updates.logprobs, updates.finished
+    for i, (seq, token) in enumerate(zip(updates.seqs, updates.token_ids, strict=True)):
+        state = touched[seq.request_id] = requests[seq.request_id]
+        state.step_tokens += 1
+        if emit_token(state, seq, token, logprobs[i] if logprobs else None, i in finished, scheduler):
+            ending[seq.request_id] = state
+    return touched, ending
+
+
+def emit_token(state: RequestState, seq: Sequence, token: int, logprob: TokenLogprob | None, finished: bool,
+               scheduler: Scheduler) -> bool:
+    """Detokenize one new token into the stream; a stop string ends the sequence here. True if it ended."""
+    text_of = state.texts[seq.index].text_of
+    if text_of is not None and not finished:  # the usual token: no stop strings, no stop
+        state.stream.add_token(seq.index, text_of(token), token, logprob)
+        return False
+    text, stop = state.texts[seq.index].push_token(token)
+    if stop is None and not finished:
+        state.stream.add_token(seq.index, text, token, logprob)
+        return False
+    _stop_sequence(seq, stop, finished, scheduler)
+    state.stream.add_token(seq.index, text if stop is not None else text + state.texts[seq.index].finish(), token,
+                           logprob)
+    state.stream.end_choice(seq.index, seq.status.finish_reason, seq.stop_reason)
+    return True
+
+
+def _stop_sequence(seq: Sequence, stop: str | None, finished: bool, scheduler: Scheduler) -> None:
+    """A stop string ends the sequence (the scheduler has already ended it if `finished`)."""
     if stop is not None and not finished:
         scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
-        finished = True
-    elif stop is not None:
+    elif stop is not None:  # a stop string outranks the token-level stop of the same token
         seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
-    if finished and stop is None:
-        text += state.texts[seq.index].finish()
-    delta = ChoiceDelta(seq.index, text, [update.token_id],
-                        [update.logprob] if update.logprob is not None else None,
-                        seq.status.finish_reason if finished else None, seq.stop_reason if finished else None)
-    state.stream.put(delta, state.completion_tokens, state.cached_tokens)
 
 
 def close_aborted(state: RequestState, error: str | None) -> None:

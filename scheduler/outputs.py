@@ -39,6 +39,29 @@ class ChoiceDelta:
         self.stop_reason = later.stop_reason if later.stop_reason is not None else self.stop_reason
 
 
+@dataclass(slots=True)
+class _Pending:
+    """A choice's output that its reader has not taken yet, kept as lists so adding a token is O(1)."""
+
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.texts.append(delta.text)
+        self.token_ids += delta.token_ids
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        self.finish_reason = delta.finish_reason or self.finish_reason
+        self.stop_reason = delta.stop_reason if delta.stop_reason is not None else self.stop_reason
+
+    def delta(self, index: int) -> ChoiceDelta:
+        return ChoiceDelta(index, "".join(self.texts), self.token_ids, self.logprobs, self.finish_reason,
+                           self.stop_reason)
+
+
 @dataclass
 class RequestOutput:
     """One read: the merged deltas per choice, usage so far, and whether the request is over."""
@@ -58,7 +81,7 @@ class RequestStream:
     def __init__(self, request_id: str, prompt_tokens: int) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
-        self._pending: dict[int, ChoiceDelta] = {}
+        self._pending: dict[int, _Pending] = {}
         self._completion_tokens = 0
         self._cached_tokens = 0
         self._finished = False
@@ -68,13 +91,33 @@ class RequestStream:
 
     # --- engine side ---
     def put(self, delta: ChoiceDelta, completion_tokens: int, cached_tokens: int = 0) -> None:
-        if delta.index in self._pending:
-            self._pending[delta.index].merge(delta)
-        else:
-            self._pending[delta.index] = delta
+        self._pending_for(delta.index).add(delta)
+        self.publish(completion_tokens, cached_tokens)
+
+    def add_token(self, index: int, text: str, token_id: int, logprob: TokenLogprob | None) -> None:
+        """One new token of a choice; the reader sees it at the next publish() (once per step, not per token)."""
+        pending = self._pending.get(index) or self._pending_for(index)
+        pending.texts.append(text)
+        pending.token_ids.append(token_id)
+        if logprob is not None:
+            if pending.logprobs is None:
+                pending.logprobs = []
+            pending.logprobs.append(logprob)
+
+    def end_choice(self, index: int, finish_reason: str | None, stop_reason: str | int | None) -> None:
+        self._pending_for(index).add(ChoiceDelta(index, finish_reason=finish_reason, stop_reason=stop_reason))
+
+    def publish(self, completion_tokens: int, cached_tokens: int = 0) -> None:
+        """Usage so far; wakes the reader."""
         self._completion_tokens = completion_tokens
         self._cached_tokens = cached_tokens
         self._ready.set()
+
+    def _pending_for(self, index: int) -> _Pending:
+        pending = self._pending.get(index)
+        if pending is None:
+            pending = self._pending[index] = _Pending()
+        return pending
 
     def finish(self, error: str | None = None) -> None:
         self._finished = True
@@ -97,7 +140,7 @@ class RequestStream:
         return self._take()
 
     def _take(self) -> RequestOutput:
-        choices = [self._pending[i] for i in sorted(self._pending)]
+        choices = [self._pending[i].delta(i) for i in sorted(self._pending)]
         self._pending = {}
         self._delivered_end = self._finished
         return RequestOutput(self.request_id, choices, self.prompt_tokens, self._completion_tokens,

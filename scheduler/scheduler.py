@@ -5,6 +5,11 @@ Token-centric: each step hands out a token budget, running sequences first (a de
 chunk of their prompt), then waiting ones, whose prompts are chunked to what is left of the budget. When a
 running sequence needs a block and none is free, the tail of the running list (lowest priority, most recently
 admitted) is preempted: its blocks go back and it waits at the front of the queue to be recomputed.
+
+A step's cost does not grow with Python objects per sequence: each running sequence owns a row of persistent
+arrays (PersistentBatch: block table, token counts, sampling and stop parameters) patched only where something
+changed, so planning is NumPy gathers over the rows plus one tight KV append loop, and update() appends the
+tokens and leaves the stop checks to NumPy except for the few sequences that may have stopped.
 """
 
 from __future__ import annotations
@@ -14,38 +19,59 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from backends.base import StepBatch, StepOutput
+import numpy as np
+
+from backends.base import LongArray, SamplingInputs, StepBatch, StepOutput
 from kvpool import KVCacheManager
-from scheduler.batch_builder import ScheduledSeq, build_step_batch
+from scheduler.batch_builder import Samples, ScheduledSeq, StepColumns, StepWork, build_step_batch, lay_out
+from scheduler.block_table import Index
 from scheduler.config import SchedulerConfig
 from scheduler.outputs import TokenLogprob
+from scheduler.persistent_batch import PersistentBatch
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.stop import check_token_stop
+
+
+@dataclass(frozen=True)
+class SampleState:
+    """What update() needs of the plan besides its sampled sequences."""
+
+    param_rows: LongArray  # persistent row whose parameters and stop conditions each sampled sequence uses
+    num_tokens: LongArray  # each one's token count when planned
+    forks: list[Sequence]  # parents whose pending choices fork once this step's token is in
+    version: int  # the persistent rows' version when planned: unchanged at update means nothing was aborted
 
 
 @dataclass(frozen=True)
 class SchedulerPlan:
     step_id: int
     batch: StepBatch | None  # None when nothing could be scheduled
-    scheduled: list[ScheduledSeq]
-    sampled: list[Sequence]  # one per row of batch.sample_rows
+    seqs: list[Sequence] = field(default_factory=list)  # scheduled, in batch order
+    starts: Index = field(default_factory=lambda: np.zeros(0, np.int32))  # first position each computes
+    counts: Index = field(default_factory=lambda: np.zeros(0, np.int32))  # tokens each computes this step
+    sampled: list[Sequence] = field(default_factory=list)  # one per row of batch.sample_rows
     preempted: list[Sequence] = field(default_factory=list)
-
-    @cached_property  # read once per request per step by the telemetry records: compute it once
-    def prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled if s.is_prefill)
+    admitted: list[Sequence] = field(default_factory=list)  # taken from the waiting queue this step
+    prefill: tuple[int, ...] = ()  # indices into seqs of prompt chunks or recomputes (not one decode token)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    sample_state: SampleState | None = None
 
     @cached_property
-    def decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled) - self.prefill_tokens
+    def scheduled(self) -> list[ScheduledSeq]:
+        """An object per scheduled sequence, built only for readers that want one."""
+        items = zip(self.seqs, self.starts.tolist(), self.counts.tolist(), strict=True)
+        return [ScheduledSeq(*item) for item in items]
 
 
 @dataclass(frozen=True)
-class SeqUpdate:
-    seq: Sequence
-    token_id: int
-    logprob: TokenLogprob | None
-    finished: bool
+class StepUpdates:
+    """A step's new tokens as columns: one per sampled sequence still running when the step ended."""
+
+    seqs: list[Sequence]
+    token_ids: list[int]
+    finished: frozenset[int] = frozenset()  # positions of the sequences a token-level stop ended
+    logprobs: list[TokenLogprob | None] | None = None  # per position, when the step returned logprobs
 
 
 class Scheduler:
@@ -57,9 +83,12 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.rows = PersistentBatch(eos_ids, max_model_len)  # a row per running sequence
         self._by_priority = config.scheduling == "priority"
         self._step_id = 0
         self._batch_decoding = False  # static batching: the current batch has started decoding
+        # (rows.version, the running list's seq ids, their rows), valid while the version is
+        self._index: tuple[int, tuple[int, ...], LongArray] = (-1, (), np.zeros(0, np.int64))
 
     # --- requests in and out ---------------------------------------------------------------------
     def add(self, seqs: list[Sequence]) -> None:
@@ -92,41 +121,61 @@ class Scheduler:
     # --- planning --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerPlan:
         self._step_id += 1
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[ScheduledSeq] = []
+        work = StepWork()
         preempted: list[Sequence] = []
-        budget = self._schedule_running(budget, scheduled, preempted)
+        budget = self._schedule_running(self.config.max_num_batched_tokens, work, preempted)
         if not preempted and self._may_admit():
-            self._admit(budget, scheduled)
+            self._admit(budget, work)
         copies = self.kv.take_block_copies()
-        if not scheduled:
-            return SchedulerPlan(self._step_id, None, [], [], preempted)
-        batch, sampled = build_step_batch(self._step_id, scheduled, copies, self.eos_ids)
-        return SchedulerPlan(self._step_id, batch, scheduled, sampled, preempted)
+        if not work.seqs:
+            return SchedulerPlan(self._step_id, None, preempted=preempted)
+        return self._plan(work, copies, preempted)
 
-    def _schedule_running(self, budget: int, scheduled: list[ScheduledSeq], preempted: list[Sequence]) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            count = min(seq.num_uncomputed, budget)
-            slots = self._append_or_preempt(seq, count, preempted)
-            if slots is None:  # the sequence itself was the one to go
-                break
-            scheduled.append(self._scheduled(seq, count, slots))
-            budget -= count
-            i += 1
-        return budget
+    def _schedule_running(self, budget: int, work: StepWork, preempted: list[Sequence]) -> int:
+        """Running sequences in order until the budget is spent: a decode token each, or a prompt chunk."""
+        if not self.running:
+            return budget
+        ids, rows = self._running_index()
+        lists = [s.token_ids for s in self.running]
+        starts, num_tokens = self.rows.tokens.computed[rows], self.rows.tokens.known[rows]
+        counts = _budgeted(num_tokens - starts, budget)
+        count_list = counts.tolist()
+        k = self._append_running(ids, rows, lists, count_list, preempted)
+        work.seqs, work.seq_ids, work.token_lists = self.running[:k], list(ids[:k]), lists[:k]
+        work.running = StepColumns(rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32),
+                                   num_tokens[:k])
+        for seq, count in zip(work.seqs, count_list, strict=False):  # count_list may go past k
+            seq.num_computed_tokens += count  # the backend computes them before the next plan
+        return budget - int(counts[:k].sum())
 
-    def _append_or_preempt(self, seq: Sequence, count: int, preempted: list[Sequence]) -> list[int] | None:
-        while (slots := self.kv.append_slots(seq.seq_id, seq.token_ids, count)) is None:
+    def _append_running(self, ids: tuple[int, ...], rows: LongArray, lists: list[list[int]], counts: list[int],
+                        preempted: list[Sequence]) -> int:
+        """Slots for the running sequences' tokens; when blocks run out, the tail of the running list (perhaps
+        the sequence itself) gives its blocks back. Returns how many stay scheduled."""
+        changes: list[tuple[int, int, int]] = []
+        k = len(counts)
+        done = self.kv.append_many(ids[:k], lists, counts, changes)
+        while done < k:
             victim = self.running[-1]
             self._preempt(victim)
             preempted.append(victim)
-            if victim is seq:
-                return None
-        return slots
+            k = min(k, len(self.running))
+            if done < k:
+                done = self.kv.append_many(ids[:k], lists, counts, changes, done)
+        self.rows.patch_blocks(rows, changes)
+        return k
 
-    def _admit(self, budget: int, scheduled: list[ScheduledSeq]) -> None:
+    def _running_index(self) -> tuple[tuple[int, ...], LongArray]:
+        """Seq ids and rows of the running list, rebuilt only when a row changed hands (the list did too)."""
+        if self._index[0] != self.rows.version:
+            index = self.rows.rows
+            self._index = (self.rows.version, tuple(s.seq_id for s in self.running),
+                           np.array([index[s.seq_id] for s in self.running], np.int64))
+        return self._index[1], self._index[2]
+
+    def _admit(self, budget: int, work: StepWork) -> None:
+        if not self.waiting:
+            return
         # Choices still to fork hold their seats already, so forking never overfills a step.
         seats = len(self.running) + sum(len(s.children) for s in self.running)
         while self.waiting and budget > 0:
@@ -138,44 +187,83 @@ class Scheduler:
             count = min(seq.num_tokens - cached, budget)
             if not self.kv.can_allocate(seq.token_ids, cached + count):
                 return
-            self.waiting.popleft()
-            allocation = self.kv.allocate(seq.seq_id, seq.token_ids, cached + count)
-            if seq.num_preemptions == 0:
-                seq.num_cached_tokens = allocation.num_cached_tokens
-            seq.num_computed_tokens = allocation.num_cached_tokens
-            seq.status = SequenceStatus.RUNNING
-            self._insert_running(seq)
-            scheduled.append(self._scheduled(seq, count, allocation.slots))
+            self._admit_one(self.waiting.popleft(), cached + count, work)
             budget -= count
 
-    def _scheduled(self, seq: Sequence, count: int, slots: list[int]) -> ScheduledSeq:
-        start = seq.num_computed_tokens
-        seq.num_computed_tokens += count  # the backend computes them before the next plan
-        return ScheduledSeq(seq, start, count, slots, self.kv.block_table(seq.seq_id))
+    def _admit_one(self, seq: Sequence, num_tokens: int, work: StepWork) -> None:
+        allocation = self.kv.allocate(seq.seq_id, seq.token_ids, num_tokens)
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = allocation.num_cached_tokens
+        seq.num_computed_tokens = allocation.num_cached_tokens
+        seq.status = SequenceStatus.RUNNING
+        self._insert_running(seq)
+        work.add(seq, self.rows.rows[seq.seq_id], seq.num_computed_tokens, num_tokens - seq.num_computed_tokens)
+        seq.num_computed_tokens = num_tokens
+
+    def _plan(self, work: StepWork, copies: list[tuple[int, int]], preempted: list[Sequence]) -> SchedulerPlan:
+        cols = work.columns()
+        self.rows.tokens.computed[cols.rows] = cols.starts + cols.counts
+        layout = lay_out(work, cols, self.rows.tokens)
+        samples = layout.samples
+        param_rows = cols.rows[samples.batch_rows]
+        batch = build_step_batch(self._step_id, work, cols, layout, self.rows.blocks, self.kv.block_size,
+                                 self._sampling(samples, param_rows), copies)
+        prefill_tokens = int(cols.counts[layout.prefill].sum())
+        state = SampleState(param_rows, cols.num_tokens[samples.batch_rows], samples.forks, self.rows.version)
+        return SchedulerPlan(self._step_id, batch, work.seqs, cols.starts, cols.counts, samples.seqs, preempted,
+                             work.admitted, tuple(layout.prefill.tolist()), prefill_tokens,
+                             batch.num_tokens - prefill_tokens, state)
+
+    def _sampling(self, samples: Samples, param_rows: Index) -> SamplingInputs | None:
+        if not samples.seqs:
+            return None
+        return self.rows.sampling.inputs(param_rows, samples.seqs, samples.forked, self.eos_ids,
+                                         self.rows.version, self.rows.seqs)
 
     def _may_admit(self) -> bool:
         return self.config.batching == "continuous" or not self._batch_decoding
 
     # --- applying a step's results ---------------------------------------------------------------
-    def update(self, plan: SchedulerPlan, output: StepOutput) -> list[SeqUpdate]:
+    def update(self, plan: SchedulerPlan, output: StepOutput) -> StepUpdates:
         """Append each sampled token, fork pending choices, and finish sequences that hit a stop."""
-        self._fork_children(plan.sampled)
-        updates = []
-        for row, seq in enumerate(plan.sampled):
-            if seq.status is not SequenceStatus.RUNNING:  # aborted while the step ran
-                continue
-            token = int(output.token_ids[row])
-            seq.token_ids.append(token)
-            stop = check_token_stop(seq, self.eos_ids, self.max_model_len)
-            if stop is not None:
-                self.finish(seq, stop.status, stop.stop_reason)
-            updates.append(SeqUpdate(seq, token, _logprob(output, row, seq, token), stop is not None))
-        if updates and self.config.batching == "static":
+        state = plan.sample_state
+        if state is None or not plan.sampled:
+            return StepUpdates([], [])
+        maybe_stopped = self.rows.stops.candidates(state.param_rows, output.token_ids, state.num_tokens + 1)
+        intact = state.version == self.rows.version  # nothing was aborted while the step ran
+        self._fork_children(state.forks)
+        seqs, tokens, index = plan.sampled, output.token_ids.tolist(), None
+        if not intact:
+            index, seqs, tokens = _running_only(seqs, tokens)
+            maybe_stopped = maybe_stopped[index]
+        self._append_tokens(seqs, tokens, state, output.token_ids if index is None else output.token_ids[index])
+        finished = self._finish_stopped(seqs, maybe_stopped)
+        if seqs and self.config.batching == "static":
             self._batch_decoding = bool(self.running)
-        return updates
+        return StepUpdates(seqs, tokens, finished, _logprobs(output, seqs, tokens, index))
 
-    def _fork_children(self, sampled: list[Sequence]) -> None:
-        for seq in sampled:
+    def _append_tokens(self, seqs: list[Sequence], tokens: list[int], state: SampleState, token_array: LongArray
+                       ) -> None:
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.token_ids.append(token)
+        if len(seqs) == len(state.param_rows) and not state.forks:  # each sampled from its own row
+            rows = state.param_rows
+        else:
+            rows = np.array([self.rows.rows[seq.seq_id] for seq in seqs], np.int64)
+        self.rows.tokens.appended(rows, token_array)
+
+    def _finish_stopped(self, seqs: list[Sequence], maybe_stopped: np.ndarray) -> frozenset[int]:
+        """check_token_stop decides, for the few sequences the NumPy pre-check could not rule out."""
+        finished = []
+        for i in np.flatnonzero(maybe_stopped).tolist():
+            stop = check_token_stop(seqs[i], self.eos_ids, self.max_model_len)
+            if stop is not None:
+                self.finish(seqs[i], stop.status, stop.stop_reason)
+                finished.append(i)
+        return frozenset(finished)
+
+    def _fork_children(self, parents: list[Sequence]) -> None:
+        for seq in parents:
             if seq.status is SequenceStatus.RUNNING and seq.children:
                 for child in seq.children:
                     self.kv.fork(seq.seq_id, child.seq_id)
@@ -183,6 +271,10 @@ class Scheduler:
                     child.status = SequenceStatus.RUNNING
                     self._insert_running(child)
                 seq.children = []
+
+    def check_rows(self) -> None:
+        """The persistent rows mirror the running sequences and their block tables (for tests; O(rows))."""
+        self.rows.check(self.running, {s.seq_id: self.kv.block_table(s.seq_id) for s in self.running})
 
     # --- queues ----------------------------------------------------------------------------------
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
@@ -196,14 +288,17 @@ class Scheduler:
             self.waiting.append(seq)
 
     def _insert_running(self, seq: Sequence) -> None:
+        """Into the running list, and a row with the block table the KV manager just gave it."""
         if self._by_priority:
             keys = [s.sort_key(True) for s in self.running]
             self.running.insert(bisect.bisect(keys, seq.sort_key(True)), seq)
         else:
             self.running.append(seq)
+        self.rows.add(seq, self.kv.block_table(seq.seq_id))
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self.rows.remove(seq)
         self.kv.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -212,10 +307,35 @@ class Scheduler:
     def _remove(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+            self.rows.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         if self.kv.has_sequence(seq.seq_id):
             self.kv.free(seq.seq_id)
+
+
+def _budgeted(needs: LongArray, budget: int) -> LongArray:
+    """Tokens for each running sequence in order (all it has not computed), until the budget is spent; the
+    last one served may get a partial chunk. Those after it get nothing and are left out."""
+    if int(needs.sum()) <= budget:  # every one gets all it needs: the decode step
+        return needs
+    before = np.cumsum(needs) - needs  # budget handed out ahead of each
+    served = int(np.count_nonzero(before < budget))
+    return np.minimum(needs[:served], budget - before[:served])
+
+
+def _running_only(seqs: list[Sequence], tokens: list[int]) -> tuple[list[int], list[Sequence], list[int]]:
+    """Drop the sequences aborted while the step ran: (their positions kept, sequences, tokens)."""
+    index = [i for i, seq in enumerate(seqs) if seq.status is SequenceStatus.RUNNING]
+    return index, [seqs[i] for i in index], [tokens[i] for i in index]
+
+
+def _logprobs(output: StepOutput, seqs: list[Sequence], tokens: list[int], index: list[int] | None
+              ) -> list[TokenLogprob | None] | None:
+    if output.logprobs is None:
+        return None
+    rows = index if index is not None else range(len(seqs))
+    return [_logprob(output, row, seq, token) for row, seq, token in zip(rows, seqs, tokens, strict=True)]
 
 
 def _logprob(output: StepOutput, row: int, seq: Sequence, token: int) -> TokenLogprob | None:

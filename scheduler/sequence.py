@@ -51,6 +51,7 @@ class Sequence:
     num_preemptions: int = 0
     stop_reason: str | int | None = None
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    uniforms_ahead: np.ndarray | None = None  # drawn from rng but not used yet (see UniformsAhead)
     children: list[Sequence] = field(default_factory=list)  # FORK_PENDING choices forked from this one
 
     @property

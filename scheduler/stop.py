@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
+from backends.base import LongArray
+from scheduler.block_table import Index, grown
 from scheduler.sequence import Sequence, SequenceStatus
 
 
@@ -30,8 +35,47 @@ def check_token_stop(seq: Sequence, eos_ids: frozenset[int], max_model_len: int)
     return None
 
 
+@dataclass
+class StopColumns:
+    """Per row: the token count at which a length stop is due, and the token ids that can end the sequence
+    (EOS unless ignore_eos, and stop_token_ids; -1 pads). A step finds in NumPy the few sampled rows that may
+    have stopped, and check_token_stop decides those exactly (min_tokens included)."""
+
+    eos_ids: frozenset[int]
+    max_model_len: int
+    limit: LongArray = field(default_factory=lambda: np.zeros(8, np.int64))
+    ids: LongArray = field(default_factory=lambda: np.full((8, 1), -1, np.int64))
+
+    def set_row(self, row: int, seq: Sequence) -> None:
+        params = seq.params
+        ids = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids))
+        if row >= len(self.limit) or len(ids) > self.ids.shape[1]:
+            self.limit = grown(self.limit, row + 1)
+            self.ids = _padded_grow(self.ids, row + 1, len(ids))
+        length = seq.prompt_len + params.max_tokens if params.max_tokens is not None else self.max_model_len
+        self.limit[row] = min(length, self.max_model_len)
+        self.ids[row] = -1
+        self.ids[row, : len(ids)] = ids
+
+    def candidates(self, rows: Index, tokens: LongArray, num_tokens: LongArray) -> np.ndarray:
+        """Which sampled sequences may have stopped: rows[i] got tokens[i] and now has num_tokens[i] tokens."""
+        return (num_tokens >= self.limit[rows]) | (self.ids[rows] == tokens[:, None]).any(axis=1)
+
+
+def _padded_grow(ids: LongArray, rows: int, cols: int) -> LongArray:
+    grown_ids = grown(ids, rows, cols)
+    if grown_ids is not ids:  # new cells are padding
+        grown_ids[ids.shape[0] :] = -1
+        grown_ids[:, ids.shape[1] :] = -1
+    return grown_ids
+
+
 class Detokenizer(Protocol):
     def push(self, ids: Seq[int]) -> str: ...
+
+    def push_token(self, token_id: int) -> str:
+        """push((token_id,)): the one-token case of every decode step, which an implementation can make cheap."""
+        ...
 
     def flush(self) -> str: ...
 
@@ -48,6 +92,8 @@ class TextAssembler:
         self._stop = tuple(stop)
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._held = ""
+        # With no stop strings nothing is held back: a token's text is the detokenizer's, one call per token.
+        self.text_of: Callable[[int], str] | None = None if self._stop else detokenizer.push_token
 
     def push(self, ids: Seq[int]) -> tuple[str, str | None]:
         """(text to emit, the stop string found or None). After a stop, nothing more is emitted."""
@@ -62,6 +108,12 @@ class TextAssembler:
         cut = max(0, len(buffer) - self._hold)
         self._held = buffer[cut:]
         return buffer[:cut], None
+
+    def push_token(self, token_id: int) -> tuple[str, str | None]:
+        """push([token_id]), without the list when there are no stop strings to look for."""
+        if not self._stop:
+            return self._detok.push_token(token_id), None
+        return self.push((token_id,))
 
     def finish(self) -> str:
         """Everything still held back, when the sequence ends for another reason."""

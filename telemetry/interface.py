@@ -6,8 +6,9 @@ timestamps it already took, so an implementation adds no clock reads to the hot 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,37 @@ class TokenRecord:
     prefill_tokens: int  # prefill tokens that shared the step
 
 
+class StepTokens(Sequence[TokenRecord]):
+    """A step's TokenRecords, one per request that got tokens, each made when it is read.
+
+    The engine hands over columns it has anyway; whoever reads the records (the telemetry worker thread)
+    builds them, so a step with hundreds of requests builds no record on the engine's thread.
+    """
+
+    __slots__ = ("_batch_size", "_counts", "_firsts", "_prefill_tokens", "_request_ids", "_step_id", "_time")
+
+    def __init__(self, step_id: int, time: float, batch_size: int, prefill_tokens: int, request_ids: list[str],
+                 counts: list[int], firsts: frozenset[str]) -> None:
+        self._step_id, self._time, self._batch_size, self._prefill_tokens = step_id, time, batch_size, prefill_tokens
+        self._request_ids, self._counts, self._firsts = request_ids, counts, firsts  # firsts: got their first
+
+    def __len__(self) -> int:
+        return len(self._request_ids)
+
+    @overload
+    def __getitem__(self, index: int) -> TokenRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> TokenRecord | list[TokenRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        request_id = self._request_ids[index]
+        return TokenRecord(request_id, self._step_id, self._time, self._counts[index], request_id in self._firsts,
+                           self._batch_size, self._prefill_tokens)
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     request_id: str
@@ -63,7 +95,7 @@ class EngineObserver(Protocol):
 
     def request_preempted(self, request_id: str, now: float) -> None: ...
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None: ...
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None: ...
 
     def request_finished(self, record: RequestRecord) -> None: ...
 
@@ -80,7 +112,7 @@ class NullObserver:
     def request_preempted(self, request_id: str, now: float) -> None:
         pass
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         pass
 
     def request_finished(self, record: RequestRecord) -> None:
@@ -88,3 +120,9 @@ class NullObserver:
 
     def request_rejected(self, reason: str) -> None:
         pass
+
+
+def observes_steps(observer: object) -> bool:
+    """False when the observer's step_finished is NullObserver's, which does nothing: the engine then skips
+    building the step's records."""
+    return getattr(type(observer), "step_finished", None) is not NullObserver.step_finished

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -80,7 +80,7 @@ class Telemetry:
         if self._worker is not None:
             self._worker.put(self._tracker.request_preempted, request_id, now)
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         if self._worker is not None:
             self._worker.put(self._tracker.step_finished, step, tokens)
 

@@ -8,6 +8,7 @@ inter-token gap (telemetry.itl).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,7 +91,7 @@ class Tracker:
         for sink in self.sinks:
             sink.preempted(state, now)
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         chunks = dict(step.prefill_chunks)
         for request_id in step.request_ids:
             state = self.requests.get(request_id)

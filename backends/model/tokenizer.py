@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
@@ -59,6 +60,25 @@ class Tokenizer:
     def detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, skip_special_tokens)
 
+    def whole_texts(self, skip_special_tokens: bool = True) -> tuple[str | None, ...]:
+        """Each id's text when its bytes are complete UTF-8 by themselves (most tokens), else None."""
+        return self._whole_texts_skip if skip_special_tokens else self._whole_texts_keep
+
+    @cached_property
+    def _whole_texts_skip(self) -> tuple[str | None, ...]:
+        return tuple("" if i in self.special_ids else _whole(b) for i, b in enumerate(self.token_bytes))
+
+    @cached_property
+    def _whole_texts_keep(self) -> tuple[str | None, ...]:
+        return tuple(_whole(b) for b in self.token_bytes)
+
+
+def _whole(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
 
 class IncrementalDetokenizer:
     """Turns a growing token stream into text deltas; a multi-byte character split across tokens is held back
@@ -68,12 +88,25 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._whole = tokenizer.whole_texts(skip_special_tokens)
+        self._clean = True  # the decoder holds no partial character
 
     def push(self, ids: Sequence[int]) -> str:
-        return self._utf8.decode(b"".join(self._tokenizer.bytes_of(ids, self._skip)))
+        text = self._utf8.decode(b"".join(self._tokenizer.bytes_of(ids, self._skip)))
+        self._clean = not self._utf8.getstate()[0]
+        return text
+
+    def push_token(self, token_id: int) -> str:
+        # With no partial character pending, a token that is whole UTF-8 decodes to its own text: a lookup.
+        if self._clean:
+            text = self._whole[token_id]
+            if text is not None:
+                return text
+        return self.push((token_id,))
 
     def flush(self) -> str:
         """Whatever is held back at the end (an incomplete character becomes U+FFFD, as in `decode`)."""
+        self._clean = True
         return self._utf8.decode(b"", final=True)
 
 

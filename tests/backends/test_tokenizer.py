@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
@@ -52,6 +54,20 @@ def test_incremental_detokenizer_never_emits_half_a_character(tok: Tokenizer, te
     deltas = [detok.push([i]) for i in ids] + [detok.flush()]
     assert "".join(deltas) == tok.decode(ids) == text
     assert all("\ufffd" not in d for d in deltas)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_push_token_gives_the_same_deltas_as_push(tok: Tokenizer, skip: bool) -> None:
+    """push_token's lookup shortcut must not change a single delta: random ids (many of them partial UTF-8, some
+    special, some invalid sequences) through both paths."""
+    rng = random.Random(7)
+    partial = [i for i in range(tok.vocab_size) if not _valid_utf8(tok.token_bytes[i])]
+    ids = [rng.choice(partial) if rng.random() < 0.3 else rng.randrange(tok.vocab_size) for _ in range(3000)]
+    ids += tok.encode("".join(TEXTS)) + [1, 2]
+    slow, fast = tok.detokenizer(skip), tok.detokenizer(skip)
+    for i in ids:
+        assert fast.push_token(i) == slow.push([i])
+    assert fast.flush() == slow.flush()
 
 
 def test_multibyte_characters_really_are_split_across_tokens(tok: Tokenizer) -> None:

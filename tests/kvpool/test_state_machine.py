@@ -40,6 +40,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         self.tokens: dict[int, list[int]] = {}  # every token each live sequence knows so far
         self.waiting: list[list[int]] = []  # preempted sequences, to be re-admitted
         self.kv: dict[int, int] = {}  # slot -> token whose KV it holds
+        self.mirror: dict[int, list[int]] = {}  # each table as a caller of append_many keeps it, from its changes
         self.next_id = 0
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -75,6 +76,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         assert covered == max(num_tokens, cached)
         self._write(allocation.slots, tokens[cached:covered])
         self.tokens[seq_id] = tokens
+        self.mirror[seq_id] = self.manager.block_table(seq_id)
         return True
 
     # --- rules -----------------------------------------------------------------------------------
@@ -107,6 +109,36 @@ class KVPoolMachine(RuleBasedStateMachine):
             return
         assert fits and self.manager.num_tokens(seq_id) == start + count
         self._write(slots, tokens[start : start + count])
+        self.mirror[seq_id] = self.manager.block_table(seq_id)
+
+    @precondition(lambda self: self.tokens)
+    @rule(picks=st.lists(st.integers(0, 99), min_size=1, max_size=4), counts=st.lists(st.integers(1, 5), min_size=4,
+          max_size=4), new=TAIL)
+    def append_many(self, picks: list[int], counts: list[int], new: int) -> None:
+        """One step's appends for several sequences; the tables are followed through the reported changes."""
+        seq_ids = list(dict.fromkeys(self._pick(p) for p in picks))
+        counts = counts[: len(seq_ids)]
+        starts = [self.manager.num_tokens(s) for s in seq_ids]
+        for seq_id, start, count in zip(seq_ids, starts, counts, strict=True):
+            self.tokens[seq_id].extend(base3_tokens(new, max(0, start + count - len(self.tokens[seq_id]))))
+        changes: list[tuple[int, int, int]] = []
+        done = self.manager.append_many(seq_ids, [self.tokens[s] for s in seq_ids], counts, changes)
+        event("append_many out of blocks" if done < len(seq_ids) else "append_many")
+        for index, position, block in changes:
+            assert index < done
+            table = self.mirror[seq_ids[index]]
+            table.extend([-1] * (position + 1 - len(table)))
+            table[position] = block
+        slots: list[int] = []
+        written: list[int] = []
+        for i, (seq_id, start, count) in enumerate(zip(seq_ids, starts, counts, strict=True)):
+            assert self.manager.num_tokens(seq_id) == (start + count if i < done else start)
+            if i < done:
+                table = self.mirror[seq_id]
+                slots += [table[p // self.block_size] * self.block_size + p % self.block_size
+                          for p in range(start, start + count)]
+                written += self.tokens[seq_id][start : start + count]
+        self._write(slots, written)
 
     @precondition(lambda self: self.tokens)
     @rule(pick=st.integers(0, 99))
@@ -115,6 +147,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         child, self.next_id = self.next_id, self.next_id + 1
         self.manager.fork(parent, child)
         self.tokens[child] = list(self.tokens[parent])
+        self.mirror[child] = self.manager.block_table(child)
 
     @precondition(lambda self: self.tokens)
     @rule(pick=st.integers(0, 99))
@@ -122,6 +155,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         seq_id = self._pick(pick)
         self.manager.free(seq_id)
         del self.tokens[seq_id]
+        del self.mirror[seq_id]
 
     @precondition(lambda self: self.tokens)
     @rule(pick=st.integers(0, 99))
@@ -129,6 +163,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         seq_id = self._pick(pick)
         self.manager.free(seq_id)
         self.waiting.append(self.tokens.pop(seq_id))
+        del self.mirror[seq_id]
 
     @rule()
     def reset_prefix_cache(self) -> None:
@@ -140,6 +175,10 @@ class KVPoolMachine(RuleBasedStateMachine):
     def pool_is_consistent(self) -> None:
         self.manager.check_invariants()
         assert self.manager.take_block_copies() == []
+
+    @invariant()
+    def mirrors_follow_the_tables(self) -> None:
+        assert self.mirror == {s: self.manager.block_table(s) for s in self.tokens}
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self) -> None:

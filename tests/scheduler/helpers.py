@@ -33,13 +33,35 @@ def make_seqs(seq_id: int, prompt_len: int, max_tokens: int = 4, n: int = 1, pri
 
 def step(scheduler: Scheduler, token_of: Callable[[Sequence], int] = lambda s: 100 + s.seq_id
          ) -> SchedulerPlan:
-    """Plan one step, 'execute' it, apply it; checks the pool's invariants on the way."""
+    """Plan one step, 'execute' it, apply it; checks the pool's invariants and the scheduler's rows on the way."""
     plan = scheduler.schedule()
     scheduler.kv.check_invariants()
+    scheduler.check_rows()
+    check_batch(scheduler, plan)
     tokens = np.array([token_of(s) for s in plan.sampled], np.int64)
     scheduler.update(plan, StepOutput(tokens))
     scheduler.kv.check_invariants()
+    scheduler.check_rows()
     return plan
+
+
+def check_batch(scheduler: Scheduler, plan: SchedulerPlan) -> None:
+    """The StepBatch, built from the persistent rows, says what the sequences and the KV manager say."""
+    batch, size = plan.batch, scheduler.kv.block_size
+    if batch is None:
+        return
+    assert batch.seq_ids == tuple(s.seq_id for s in plan.seqs)
+    for i, (seq, start, count) in enumerate(zip(plan.seqs, plan.starts.tolist(), plan.counts.tolist(), strict=True)):
+        table = scheduler.kv.block_table(seq.seq_id)
+        assert batch.block_tables[i, : len(table)].tolist() == table and not batch.block_tables[i, len(table) :].any()
+        lo, hi = int(batch.query_start[i]), int(batch.query_start[i + 1])
+        assert (hi - lo, int(batch.context_lens[i])) == (count, start + count)
+        assert batch.positions[lo:hi].tolist() == list(range(start, start + count))
+        assert batch.token_ids[lo:hi].tolist() == seq.token_ids[start : start + count]
+        slots = [table[p // size] * size + p % size for p in range(start, start + count)]
+        assert batch.slot_mapping[lo:hi].tolist() == slots
+    sampled_rows = [plan.seqs[r] for r in batch.sample_rows.tolist()]
+    assert all(s is r or s in r.children for s, r in zip(plan.sampled, sampled_rows, strict=True))
 
 
 def shape(plan: SchedulerPlan) -> list[tuple[int, int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -66,7 +66,7 @@ class StepLog(NullObserver):
     def __init__(self) -> None:
         self.steps: list[StepRecord] = []
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         self.steps.append(step)
 
 

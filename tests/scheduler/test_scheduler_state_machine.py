@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-from hypothesis import settings
+import numpy as np
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from backends.base import StepOutput
 from scheduler.sequence import Sequence, SequenceStatus
-from tests.scheduler.helpers import make_scheduler, make_seqs, step
+from tests.scheduler.helpers import check_batch, make_scheduler, make_seqs, step
 
 BUDGET, MAX_SEQS = 16, 4
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    scheduling = "fcfs"
+
     def __init__(self) -> None:
         super().__init__()
         self.sched = make_scheduler(num_blocks=12, block_size=4, max_model_len=40, max_num_batched_tokens=BUDGET,
-                                    max_num_seqs=MAX_SEQS)
+                                    max_num_seqs=MAX_SEQS, scheduling=self.scheduling)
         self.requests: dict[str, list[Sequence]] = {}
         self.next_id = 0
 
     @rule(prompt_len=st.integers(1, 30), max_tokens=st.integers(1, 12), n=st.integers(1, 2))
     def arrive(self, prompt_len: int, max_tokens: int, n: int) -> None:
-        seqs = make_seqs(self.next_id, prompt_len, max_tokens=max_tokens, n=n, first_token=3)
+        seqs = make_seqs(self.next_id, prompt_len, max_tokens=max_tokens, n=n, first_token=3,
+                         priority=self.next_id % 3)
         self.next_id += n
         self.requests[seqs[0].request_id] = seqs
         self.sched.add(seqs)
@@ -41,6 +46,26 @@ class SchedulerMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(sorted(self.requests)))
         for seq in self.requests[request_id]:
             self.sched.finish(seq, SequenceStatus.FINISHED_ABORTED)
+
+    @precondition(lambda self: self.sched.has_work and self.requests)
+    @rule(data=st.data())
+    def abort_while_the_step_runs(self, data: st.DataObject) -> None:
+        """The engine's case: a client goes away between plan and update; its rows go at once."""
+        plan = self.sched.schedule()
+        check_batch(self.sched, plan)
+        request_id = data.draw(st.sampled_from(sorted(self.requests)))
+        for seq in self.requests[request_id]:
+            self.sched.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        self.sched.check_rows()
+        updates = self.sched.update(plan, StepOutput(np.full(len(plan.sampled), 50, np.int64)))
+        event("aborted a sampled sequence" if len(updates.seqs) < len(plan.sampled) else "aborted another")
+        assert all(s.request_id != request_id for s in updates.seqs)
+        assert all(s.status is SequenceStatus.RUNNING or i in updates.finished for i, s in enumerate(updates.seqs))
+        self.sched.kv.check_invariants()
+
+    @invariant()
+    def rows_mirror_the_running_sequences(self) -> None:
+        self.sched.check_rows()
 
     @invariant()
     def every_live_sequence_is_queued_exactly_once(self) -> None:
@@ -66,5 +91,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.kv.check_invariants()
 
 
+class PriorityMachine(SchedulerMachine):
+    scheduling = "priority"  # admissions land mid-list and preemption picks by priority: rows out of order
+
+
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+TestPriorityMachine = PriorityMachine.TestCase
+TestPriorityMachine.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)

@@ -3,7 +3,7 @@ clock (instant, exact timings) or the real one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ class Tee(NullObserver):
     def request_preempted(self, request_id: str, now: float) -> None:
         self.telemetry.request_preempted(request_id, now)
 
-    def step_finished(self, step: StepRecord, tokens: list[TokenRecord]) -> None:
+    def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         self.steps.append(step)
         self.telemetry.step_finished(step, tokens)
 
