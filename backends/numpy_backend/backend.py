@@ -8,7 +8,7 @@ import numpy as np
 
 from backends.base import KVGeometry, StepBatch, StepOutput
 from backends.model.loader import LoadedModel
-from backends.numpy_backend.kernel_choice import choose_decode_attention
+from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.model import LlamaForward
 from backends.sampling import sample
@@ -20,8 +20,8 @@ class NumpyBackend:
     def __init__(self, model: LoadedModel, cpu_kernels: str = "auto") -> None:
         self.model = model
         cfg = model.config
-        attention = choose_decode_attention(cpu_kernels, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.forward = LlamaForward(cfg, model.weights, attention)
+        kernels = choose_kernels(cpu_kernels, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project)
         self._cache: PagedKVCache | None = None
 
     @property

@@ -1,31 +1,43 @@
-"""Which decode attention the NumPy backend runs: the C kernel, or the NumPy reference."""
+"""Which kernels the NumPy backend runs: the C kernels (decode attention, decode-step projections), or the
+NumPy references."""
 
 from __future__ import annotations
 
 import logging
-import os
+from dataclasses import dataclass
 
 from backends.base import BackendError
 from backends.numpy_backend.attention import DecodeAttention, decode_attention
 from backends.numpy_backend.native.build import KernelBuildError
 from backends.numpy_backend.native.kernels import NativeAttention
+from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
 
 log = logging.getLogger(__name__)
 
 
-def choose_decode_attention(mode: str, heads: int, kv_heads: int, head_dim: int) -> DecodeAttention:
-    """mode "numpy": the reference; "native": the C kernel or an error; "auto": the C kernel when it builds
-    and supports the model's head shape."""
+@dataclass(frozen=True)
+class CpuKernels:
+    decode_attention: DecodeAttention
+    project: Projection  # x @ w.T
+
+
+def choose_kernels(mode: str, heads: int, kv_heads: int, head_dim: int) -> CpuKernels:
+    """mode "numpy": the references; "native": the C kernels or an error; "auto": the C kernels when they
+    build, and the attention kernel when it supports the model's head shape."""
     if mode == "numpy":
-        return decode_attention
-    if not NativeAttention.supports(heads, kv_heads, head_dim):
-        if mode == "native":
-            raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
-        return decode_attention
+        return CpuKernels(decode_attention, numpy_project)
     try:
-        return NativeAttention(num_threads=len(os.sched_getaffinity(0))).decode
+        return CpuKernels(_native_attention(mode, heads, kv_heads, head_dim), NativeMatmul().project)
     except KernelBuildError as exc:
         if mode == "native":
-            raise BackendError(f"the C attention kernel did not build: {exc}") from exc
-        log.warning("C attention kernel unavailable, using the slower NumPy decode attention: %s", exc)
-        return decode_attention
+            raise BackendError(f"the C kernels did not build: {exc}") from exc
+        log.warning("C kernels unavailable, using the slower NumPy ones: %s", exc)
+        return CpuKernels(decode_attention, numpy_project)
+
+
+def _native_attention(mode: str, heads: int, kv_heads: int, head_dim: int) -> DecodeAttention:
+    if NativeAttention.supports(heads, kv_heads, head_dim):
+        return NativeAttention().decode
+    if mode == "native":
+        raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
+    return decode_attention

@@ -12,6 +12,7 @@ from backends.model.weights import LayerWeights, ModelWeights
 from backends.numpy_backend.attention import AttentionLayout, DecodeAttention, decode_attention, paged_attention
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.layers import RopeTable, rms_norm, rotate, silu_mul
+from backends.numpy_backend.native.matmul import Projection, numpy_project
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,11 @@ class StepContext:
 
 class LlamaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights,
-                 decode_attention: DecodeAttention = decode_attention) -> None:
+                 decode_attention: DecodeAttention = decode_attention, project: Projection = numpy_project) -> None:
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
+        self.project = project  # x @ w.T, for every weight matrix
         self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
@@ -43,12 +45,12 @@ class LlamaForward:
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""
         normed = rms_norm(hidden, self.weights.final_norm, self.config.rms_eps)
-        return normed @ self.weights.lm_head.T
+        return self.project(normed, self.weights.lm_head)
 
     def _attention(self, index: int, layer: LayerWeights, x: np.ndarray, batch: StepBatch, step: StepContext,
                    cache: PagedKVCache) -> np.ndarray:
         cfg = self.config
-        qkv = rms_norm(x, layer.attn_norm, cfg.rms_eps) @ layer.wqkv.T
+        qkv = self.project(rms_norm(x, layer.attn_norm, cfg.rms_eps), layer.wqkv)
         heads = cfg.num_heads + cfg.num_kv_heads  # Q and K heads, rotated together
         qk = rotate(qkv[:, : cfg.q_size + cfg.kv_size].reshape(-1, heads, cfg.head_dim), step.cos, step.sin)
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
@@ -56,8 +58,8 @@ class LlamaForward:
         cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
         out = paged_attention(q, cache.keys[index], cache.values[index], step.layout, batch.query_start,
                               batch.block_tables, batch.context_lens, self.decode_attention)
-        return out.reshape(-1, cfg.q_size) @ layer.wo.T
+        return self.project(out.reshape(-1, cfg.q_size), layer.wo)
 
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, layer.ffn_norm, self.config.rms_eps)
-        return silu_mul(h @ layer.w_gate_up.T) @ layer.w_down.T
+        return self.project(silu_mul(self.project(h, layer.w_gate_up)), layer.w_down)

@@ -4,7 +4,14 @@ OpenBLAS's worker threads busy-wait for 2^28 TSC cycles (about 0.1 s) after each
 decode-attention kernel runs its own threads between BLAS calls, and a spinning BLAS worker takes the core
 from them: on two cores the kernel ran 1.5x slower right after a matmul. 2^20 cycles (about 0.4 ms) still
 covers the gaps between a step's BLAS calls, so those keep their warm workers, while the workers sleep during
-attention. Only defaults: a value the user set is kept. This module imports nothing, so entry points can
+attention.
+
+The C kernels (native/) share one OpenMP team, whose workers spin 300,000 rounds by default after each
+parallel region: long enough to take a core from the BLAS workers of the next matmul in a large batch. Waking
+sleeping workers costs much more (about 0.15 ms a region on this VM's futexes; a batch-1 step has 150
+regions), so they spin 10,000 rounds, which covers the gap between the regions of a step.
+
+Only defaults: a value the user set is kept. This module imports nothing, so entry points can
 apply it first.
 """
 
@@ -13,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-DEFAULTS = {"OPENBLAS_THREAD_TIMEOUT": "20"}
+DEFAULTS = {"OPENBLAS_THREAD_TIMEOUT": "20", "GOMP_SPINCOUNT": "10000"}
 
 
 def apply_defaults() -> bool:

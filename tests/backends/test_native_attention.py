@@ -1,4 +1,5 @@
-"""The C decode-attention kernel against its NumPy reference, its build cache, and the backend's choice of it."""
+"""The C decode-attention kernel against its NumPy reference, the kernels' build and cache, and the backend's
+choice of kernels."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 
 from backends.base import BackendError
 from backends.numpy_backend.attention import decode_attention
-from backends.numpy_backend.kernel_choice import choose_decode_attention
-from backends.numpy_backend.native.build import FLAGS, SOURCE_DIR, KernelBuildError, build_library
-from backends.numpy_backend.native.kernels import NativeAttention, balanced_runs
+from backends.numpy_backend.kernel_choice import choose_kernels
+from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, KernelBuildError, build_library
+from backends.numpy_backend.native.kernels import NativeAttention
+from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
@@ -43,13 +45,13 @@ def paged_problem(rng: np.random.Generator, lens: list[int], heads: int, kv_head
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 64), (8, 2, 128), (6, 1, 32), (5, 5, 8)])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("parallel_min_tokens", [0, 1 << 40])  # always / never shared among threads
 def test_matches_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int, block_size: int,
-                           threads: int) -> None:
+                           parallel_min_tokens: int) -> None:
     rng = np.random.default_rng(heads * 1000 + dim + block_size)
     lens = [1, 2, block_size, block_size + 1, 7, 100, 257]
     q, k, v, tables, ctx = paged_problem(rng, lens, heads, kv_heads, dim, block_size)
-    out = NativeAttention(threads, cache_dir).decode(q, k, v, tables, ctx)
+    out = NativeAttention(parallel_min_tokens, cache_dir).decode(q, k, v, tables, ctx)
     ref = decode_attention(q, k, v, np.maximum(tables, 0), ctx)
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
 
@@ -59,13 +61,13 @@ def test_large_scores_do_not_overflow(cache_dir: Path) -> None:
     float32 conditioning of such scores: a rounding of 1e-4 in a score of 1000 moves its weight by 1e-4)."""
     rng = np.random.default_rng(7)
     q, k, v, tables, ctx = paged_problem(rng, [40, 3], 9, 3, 64, 16)
-    out = NativeAttention(1, cache_dir).decode(q * 100, k, v, tables, ctx)
+    out = NativeAttention(cache_dir=cache_dir).decode(q * 100, k, v, tables, ctx)
     np.testing.assert_allclose(out, decode_attention(q * 100, k, v, np.maximum(tables, 0), ctx), atol=1e-3)
     assert np.isfinite(out).all()
 
 
 def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
-    attention = NativeAttention(1, cache_dir)
+    attention = NativeAttention(cache_dir=cache_dir)
     rng = np.random.default_rng(0)
     q, k, v, tables, ctx = paged_problem(rng, [5], 4, 4, 12, 4)
     with pytest.raises(ValueError, match="unsupported"):
@@ -76,19 +78,11 @@ def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 
-@pytest.mark.parametrize(("lens", "parts", "runs"), [
-    ([5, 5, 5, 5], 2, [(0, 2), (2, 4)]),
-    ([100, 1, 1, 1], 2, [(0, 1), (1, 4)]),
-    ([3], 4, [(0, 1)]),
-    ([1, 1, 1, 1, 1], 3, [(0, 2), (2, 4), (4, 5)]),
-])
-def test_balanced_runs_cover_the_batch_once(lens: list[int], parts: int, runs: list[tuple[int, int]]) -> None:
-    assert balanced_runs(np.array(lens), parts) == runs
-
-
-def test_source_compiles_without_warnings(tmp_path: Path) -> None:
-    done = subprocess.run(["cc", *FLAGS, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"),
-                           str(SOURCE_DIR / "paged_attention.c"), "-lm"], capture_output=True, text=True)
+@pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c"])
+@pytest.mark.parametrize("openmp", [("-Wno-unknown-pragmas",), OPENMP])  # without OpenMP its pragmas are unknown
+def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: tuple[str, ...]) -> None:
+    done = subprocess.run(["cc", *FLAGS, *openmp, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"),
+                           str(SOURCE_DIR / source), "-lm"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
@@ -115,15 +109,29 @@ def test_missing_compiler_is_a_build_error(tmp_path: Path) -> None:
         build_library(SOURCE_DIR / "paged_attention.c", tmp_path / "file" / "sub")  # unwritable cache
 
 
+def test_a_compiler_without_openmp_builds_single_threaded(tmp_path: Path) -> None:
+    """A compiler that rejects -fopenmp (clang without libomp, say) still gives working kernels."""
+    no_openmp = tmp_path / "cc-no-openmp"
+    no_openmp.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec cc "$@"\n')
+    no_openmp.chmod(0o755)
+    library = build_library(SOURCE_DIR / "matmul_rows.c", tmp_path / "cache", compiler=str(no_openmp))
+    assert library.exists() and len(list((tmp_path / "cache").glob("*.so"))) == 1
+
+
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    assert choose_decode_attention("numpy", 9, 3, 64) is decode_attention
-    native = choose_decode_attention("native", 9, 3, 64)
-    assert getattr(native, "__self__", None).__class__ is NativeAttention
+    reference = choose_kernels("numpy", 9, 3, 64)
+    assert reference.decode_attention is decode_attention and reference.project is numpy_project
+    native = choose_kernels("native", 9, 3, 64)
+    assert getattr(native.decode_attention, "__self__", None).__class__ is NativeAttention
+    assert getattr(native.project, "__self__", None).__class__ is NativeMatmul
+    shape_not_done = choose_kernels("auto", 9, 3, 12)  # the attention kernel does not do it; matmul does
+    assert shape_not_done.decode_attention is decode_attention and shape_not_done.project is not numpy_project
+    with pytest.raises(BackendError, match="does not support"):
+        choose_kernels("native", 9, 3, 12)
     monkeypatch.setenv("CC", "no-such-compiler-here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
-        assert choose_decode_attention("auto", 9, 3, 64) is decode_attention
-    assert "NumPy decode attention" in caplog.text
+        assert choose_kernels("auto", 9, 3, 64) == reference
+    assert "C kernels unavailable" in caplog.text
     with pytest.raises(BackendError, match="did not build"):
-        choose_decode_attention("native", 9, 3, 64)
-    assert choose_decode_attention("auto", 9, 3, 12) is decode_attention  # a shape the kernel does not do
+        choose_kernels("native", 9, 3, 64)

@@ -6,7 +6,6 @@ checking cost about 30 us a call, more than the kernel itself for a batch of one
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,25 +16,21 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 LANES = 8  # head_dim must be a multiple of this (paged_attention.c's LANES)
 MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
-PARALLEL_MIN_TOKENS = 2048  # below this much context in a batch, one thread is quicker than a hand-off
+PARALLEL_MIN_TOKENS = 2048  # below this much context in a batch, one thread is quicker than waking a team
 _ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
            -3: "context length outside its block table"}
 
 
 class NativeAttention:
-    """Decode attention read straight from the paged cache (paged_attention.c).
+    """Decode attention read straight from the paged cache (paged_attention.c). A batch with at least
+    `parallel_min_tokens` of context is shared out among the kernels' OpenMP threads."""
 
-    A large batch is split into `num_threads` runs of sequences with about equal context, each computed by one
-    call; ctypes releases the GIL, so the calls run in parallel on a small pool of sleeping (not spinning)
-    threads."""
-
-    def __init__(self, num_threads: int = 1, cache_dir: Path | None = None) -> None:
+    def __init__(self, parallel_min_tokens: int = PARALLEL_MIN_TOKENS, cache_dir: Path | None = None) -> None:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64]
-        self.num_threads = max(1, num_threads)
-        self._pool = ThreadPoolExecutor(self.num_threads - 1, "decode-attn") if self.num_threads > 1 else None
+        self.parallel_min_tokens = parallel_min_tokens
 
     @staticmethod
     def supports(heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -51,31 +46,13 @@ class NativeAttention:
                "shape mismatch")
         _check(_is_c_array(k_cache, np.float32) and _is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((batch, heads, dim), np.float32)
-        args = (q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data, lens.ctypes.data,
-                out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1], dim**-0.5)
-        if self._pool is None or batch < 2 or int(lens.sum()) < PARALLEL_MIN_TOKENS:
-            self._run(args, 0, batch)
-            return out
-        runs = balanced_runs(lens, self.num_threads)
-        pending = [self._pool.submit(self._run, args, *run) for run in runs[1:]]
-        self._run(args, *runs[0])
-        for future in pending:
-            future.result()
-        return out
-
-    def _run(self, args: tuple, first: int, last: int) -> None:
-        status = self._fn(*args, first, last)
+        status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
+                          lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
+                          dim**-0.5, batch, self.parallel_min_tokens)
         if status != 0:
             _check(status != -1, _ERRORS[-1], MemoryError)
             _check(False, _ERRORS.get(status, f"status {status}"))
-
-
-def balanced_runs(context_lens: np.ndarray, parts: int) -> list[tuple[int, int]]:
-    """Split sequences 0..B into at most `parts` contiguous runs of about equal total context."""
-    total = np.cumsum(context_lens, dtype=np.int64)
-    cuts = np.searchsorted(total, total[-1] * np.arange(1, parts) / parts) + 1  # cut after the one that crosses
-    bounds = [0, *sorted({int(c) for c in cuts if 0 < c < len(total)}), len(total)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+        return out
 
 
 def _is_c_array(a: np.ndarray, dtype: type) -> bool:

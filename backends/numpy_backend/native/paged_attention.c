@@ -241,26 +241,49 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
         for (int64_t i = 0; i < s->head_dim; i++)
             out[h * s->head_dim + i] = w->acc[(h * s->head_dim + i) / LANES][i % LANES] * w->inv_sums[h];
 }
+/* Validates the context lengths: -3 if one is outside 1..table_stride * block_size; else their maximum. */
+static int64_t max_context(const int32_t *context_lens, int64_t batch, int64_t max_len, int64_t *total) {
+    int64_t top = 1;
+    *total = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        if (context_lens[b] < 1 || context_lens[b] > max_len) return -3;
+        top = context_lens[b] > top ? context_lens[b] : top;
+        *total += context_lens[b];
+    }
+    return top;
+}
+
 /* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.
- * Computes sequences [first, last) only, so callers can split a batch across threads (no thread pool here:
- * one that spins between calls would fight the BLAS threads for the cores).
+ * With at least `parallel_min_tokens` of context in the batch, the sequences are shared out among OpenMP
+ * threads (dynamically: their lengths differ), each with its own scratch; the same team that runs the
+ * projections (matmul_rows.c), so no second pool fights it for the cores.
  * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0; -1 when scratch memory could not be
  * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size. */
 int decode_attention_f32(const float *q, const float *k_layer, const float *v_layer, const int32_t *block_tables,
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
-                         int64_t block_size, int64_t table_stride, float scale, int64_t first, int64_t last) {
+                         int64_t block_size, int64_t table_stride, float scale, int64_t batch,
+                         int64_t parallel_min_tokens) {
     if (head_dim % LANES != 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -2;
     const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale};
-    int64_t max_ctx = 1;
-    for (int64_t b = first; b < last; b++) {
-        if (context_lens[b] < 1 || context_lens[b] > table_stride * block_size) return -3;
-        max_ctx = context_lens[b] > max_ctx ? context_lens[b] : max_ctx;
+    int64_t total;
+    const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
+    if (max_ctx < 0) return (int)max_ctx;
+    int status = 0;
+    (void)parallel_min_tokens; /* read only by the pragma: unused when built without OpenMP */
+#pragma omp parallel if (batch > 1 && total >= parallel_min_tokens)
+    {
+        Scratch w;
+        const int ok = scratch_alloc(&w, heads, head_dim, max_ctx);
+        if (!ok) {
+#pragma omp atomic write
+            status = -1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < batch; b++)
+            if (ok)
+                attend_sequence(&s, q + b * heads * head_dim, k_layer, v_layer, block_tables + b * table_stride,
+                                context_lens[b], out + b * heads * head_dim, &w);
+        scratch_free(&w);
     }
-    Scratch w;
-    const int ok = scratch_alloc(&w, heads, head_dim, max_ctx);
-    for (int64_t b = first; ok && b < last; b++)
-        attend_sequence(&s, q + b * heads * head_dim, k_layer, v_layer, block_tables + b * table_stride,
-                        context_lens[b], out + b * heads * head_dim, &w);
-    scratch_free(&w);
-    return ok ? 0 : -1;
+    return status;
 }

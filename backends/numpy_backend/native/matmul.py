@@ -1,0 +1,50 @@
+"""ctypes binding of matmul_rows.c: the decode step's projections, x @ w.T for a few rows of x."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+
+Projection = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) -> x @ w.T
+
+LANES = 8  # k must be a multiple of this (matmul_rows.c's LANES)
+# Up to this many rows the C kernel beats OpenBLAS GEMM here (16 rows: 57 vs 67 ms for all of a step's
+# matmuls; at 32 they tie, at 64 OpenBLAS is 1.3x faster): see docs/PERFORMANCE.md.
+MAX_ROWS = 16
+
+
+class NativeMatmul:
+    """`project(x, w)` = x @ w.T: the C kernel when x has 1..max_rows rows, both are C-contiguous float32 and
+    the inner size is a multiple of 8; NumPy (BLAS) otherwise."""
+
+    def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None) -> None:
+        self.library_path = build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
+        self._fn = ctypes.CDLL(str(self.library_path)).matmul_rows_f32
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
+        self.max_rows = max_rows
+
+    def project(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        if not self._fits(x, w):
+            return x @ w.T
+        rows, inner = x.shape
+        out = np.empty((rows, w.shape[0]), np.float32)
+        status = self._fn(x.ctypes.data, w.ctypes.data, out.ctypes.data, rows, inner, w.shape[0])
+        if status != 0:
+            raise ValueError(f"native matmul: status {status} for x {x.shape}, w {w.shape}")
+        return out
+
+    def _fits(self, x: np.ndarray, w: np.ndarray) -> bool:
+        return (x.ndim == 2 == w.ndim and 0 < x.shape[0] <= self.max_rows and x.shape[1] == w.shape[1]
+                and x.shape[1] % LANES == 0 and x.dtype == np.float32 == w.dtype
+                and x.flags.c_contiguous and w.flags.c_contiguous)
+
+
+def numpy_project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The reference projection: x (T, k) @ w.T for a weight stored (n, k)."""
+    return x @ w.T

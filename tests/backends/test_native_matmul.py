@@ -1,0 +1,72 @@
+"""The C projection kernel (matmul_rows.c) against NumPy's x @ w.T, and when it hands over to NumPy."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+@pytest.fixture(scope="module")
+def matmul(tmp_path_factory: pytest.TempPathFactory) -> NativeMatmul:
+    return NativeMatmul(cache_dir=tmp_path_factory.mktemp("kernels"))
+
+
+def problem(rows: int, inner: int, outputs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, inner), dtype=np.float32),
+            rng.standard_normal((outputs, inner), dtype=np.float32))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, MAX_ROWS])
+@pytest.mark.parametrize(("inner", "outputs"), [(8, 8), (64, 13), (576, 960), (1536, 577), (16, 3)])
+def test_matches_numpy(matmul: NativeMatmul, rows: int, inner: int, outputs: int) -> None:
+    """Every tile of 8 weight rows and the tail rows past the last tile (13, 577, 3 outputs)."""
+    x, w = problem(rows, inner, outputs, seed=rows * inner + outputs)
+    out = matmul.project(x, w)
+    assert out.shape == (rows, outputs) and out.dtype == np.float32 and out.flags.c_contiguous
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5,
+                               atol=2e-6 * np.sqrt(inner))
+
+
+def test_rows_are_independent(matmul: NativeMatmul) -> None:
+    """A sequence's projection does not depend on which other rows share the step."""
+    x, w = problem(9, 64, 40)
+    alone = np.concatenate([matmul.project(x[i : i + 1], w) for i in range(9)])
+    np.testing.assert_array_equal(matmul.project(x, w), alone)
+
+
+@pytest.mark.parametrize("case", ["too many rows", "no rows", "inner not a multiple of 8", "float64",
+                                  "x not contiguous", "w not contiguous"])
+def test_hands_over_to_numpy(matmul: NativeMatmul, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    x, w = {
+        "too many rows": problem(MAX_ROWS + 1, 16, 8),
+        "no rows": problem(0, 16, 8),
+        "inner not a multiple of 8": problem(2, 12, 8),
+        "float64": tuple(a.astype(np.float64) for a in problem(2, 16, 8)),
+        "x not contiguous": (problem(2, 32, 8)[0][:, ::2], problem(2, 16, 8)[1]),
+        "w not contiguous": (problem(2, 16, 8)[0], problem(2, 16, 16)[1][::2]),
+    }[case]
+
+    def not_called(*args: object) -> int:
+        raise AssertionError("the C kernel was called")
+
+    monkeypatch.setattr(matmul, "_fn", not_called)
+    np.testing.assert_array_equal(matmul.project(x, w), x @ w.T)
+
+
+def test_the_kernel_checks_its_sizes(matmul: NativeMatmul) -> None:
+    x, w = problem(2, 12, 8)
+    out = np.empty((2, 8), np.float32)
+    assert matmul._fn(x.ctypes.data, w.ctypes.data, out.ctypes.data, 2, 12, 8) == -2
+    assert matmul._fn(x.ctypes.data, w.ctypes.data, out.ctypes.data, -1, 8, 8) == -2
+
+
+def test_library_path_is_cached(matmul: NativeMatmul, tmp_path: Path) -> None:
+    assert NativeMatmul(cache_dir=matmul.library_path.parent).library_path == matmul.library_path
