@@ -1,6 +1,6 @@
 """NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size.
 
-    python -m bench.backend_step [--repeats N]
+    python -m bench.backend_step [--repeats 9]
 
 Prints the machine's copy bandwidth, the time to stream the float32 weights once at that bandwidth (the
 floor for a batch-1 decode step), prefill tokens/s at 512 tokens, decode step time and aggregate tokens/s at
@@ -73,20 +73,25 @@ def prefill_rate(backend: NumpyBackend, tokens: int = 512, repeats: int = 2) -> 
     return tokens / min(seconds)
 
 
-def decode_steps(backend: NumpyBackend, batch: int, repeats: int, timer: AttentionTimer) -> tuple[float, float]:
-    """Median decode step seconds with `batch` sequences at CONTEXT tokens, and the attention share."""
+def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> tuple[float, float]:
+    """Seconds of one decode step with `batch` sequences at CONTEXT tokens, and the attention share of it."""
     per_seq = CONTEXT // BLOCK + 1
     seqs = [SeqState(blocks=list(range(i * per_seq, (i + 1) * per_seq)), tokens=[7] * (CONTEXT - 1))
             for i in range(batch)]
-    steps, shares = [], []
+    timer.seconds = 0.0
+    step = _timed(lambda: backend.execute(make_batch(seqs, [[11]] * batch, BLOCK)))
+    return step, timer.seconds / step
+
+
+def decode_table(backend: NumpyBackend, repeats: int, timer: AttentionTimer) -> dict[int, tuple[float, float]]:
+    """Median step seconds and attention share per batch size. The batch sizes take turns, round after round,
+    so a host that speeds up or slows down during the run moves all of them alike (not one batch size)."""
+    runs: dict[int, list[tuple[float, float]]] = {batch: [] for batch in BATCHES}
     for _ in range(repeats):
-        for s in seqs:
-            del s.tokens[CONTEXT - 1 :]
-        timer.seconds = 0.0
-        step = _timed(lambda: backend.execute(make_batch(seqs, [[11]] * batch, BLOCK)))
-        steps.append(step)
-        shares.append(timer.seconds / step)
-    return statistics.median(steps), statistics.median(shares)
+        for batch in BATCHES:
+            runs[batch].append(decode_step(backend, batch, timer))
+    return {batch: (statistics.median(s for s, _ in r), statistics.median(a for _, a in r))
+            for batch, r in runs.items()}
 
 
 def blas_description() -> str:
@@ -97,7 +102,7 @@ def blas_description() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)
     reexec_with_defaults("bench.backend_step")
     model = load_model()
@@ -117,8 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")
     print(f"{'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x batch1':>9} {'attn %':>7} {'step/floor':>10}")
     base = None
-    for batch in BATCHES:
-        step, share = decode_steps(backend, batch, args.repeats, timer)
+    for batch, (step, share) in decode_table(backend, args.repeats, timer).items():
         rate = batch / step
         base = base or rate
         print(f"{batch:>5} {step * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} {share * 100:>7.1f} "

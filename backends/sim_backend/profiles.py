@@ -39,12 +39,13 @@ class HardwareProfile:
 PROFILES: dict[str, HardwareProfile] = {
     # Infinite bandwidth and FLOPs, no overhead: instant steps (scheduler micro-benchmarks, service tests).
     "zero": HardwareProfile("zero", math.inf, math.inf, dtype_bytes=2),
-    # This 2-vCPU machine running the NumPy float32 model (OpenBLAS sgemm). Measured on a shared, busy host:
-    # a 1024^3 sgemm 18-40 GFLOP/s, a streaming read ~9 GB/s; the NumPy model itself took 53-520 ms per
-    # single-sequence decode step (538 MB of fp32 weights) and 0.8-22 s to prefill 256 tokens, depending on
-    # load. The figures below sit in the middle of that range: 8 GB/s and 20 GFLOP/s effective.
-    "cpu": HardwareProfile("cpu", 10e9, 40e9, dtype_bytes=4, bandwidth_efficiency=0.8, flops_efficiency=0.5,
-                           overhead_s=2e-3),
+    # This 2-vCPU machine running the NumPy float32 model (C decode kernels, OpenBLAS sgemm for larger
+    # batches). Measured on a quiet host (docs/PERFORMANCE.md): copy bandwidth 30-35 GB/s, a 2048^3 sgemm
+    # 107 GFLOP/s; the model's decode step 26-28 ms at batch 1, 54-56 at 8, 167-180 at 32, 228-256 at 64 (256
+    # context), prefill 290-315 tokens/s. With 80 % of the bandwidth, 60 % of the sgemm rate and 5 ms of
+    # Python per step (30 layers of NumPy glue), this roofline gives 26, 41, 148, 291 ms and 278 tokens/s.
+    "cpu": HardwareProfile("cpu", 32e9, 107e9, dtype_bytes=4, bandwidth_efficiency=0.8, flops_efficiency=0.6,
+                           overhead_s=5e-3),
     # A100 SXM 80 GB: 2.0 TB/s HBM2e, 312 TFLOP/s dense bf16. Decode kernels reach ~80 % of HBM bandwidth and
     # large GEMMs ~60 % of peak; ~1.5 ms per step of launches and copies without CUDA graphs.
     "a100": HardwareProfile("a100", 2.0e12, 312e12, dtype_bytes=2, bandwidth_efficiency=0.8,

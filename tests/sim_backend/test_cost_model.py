@@ -50,7 +50,7 @@ def test_attention_pairs_of_a_chunk_after_a_cached_prefix() -> None:
 def test_decode_is_memory_bound_and_long_prefill_compute_bound(name: str) -> None:
     model = CostModel(SMOLLM2, get_profile(name))
     assert model.step_cost(decode_batch([1], [512])).memory_bound
-    # on the CPU even 8 rows are compute-bound (2 GFLOP at 20 GFLOP/s > 538 MB at 8 GB/s); on GPUs 64 are not
+    # on the CPU 8 rows are compute-bound (2.3 GFLOP at 64 GFLOP/s > 560 MB at 25.6 GB/s); on GPUs 64 are not
     assert model.step_cost(decode_batch([1] * 64, [512] * 64)).memory_bound == (name != "cpu")
     assert not model.step_cost(prefill_batch(2048)).memory_bound
 

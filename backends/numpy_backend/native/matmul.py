@@ -13,9 +13,9 @@ from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 Projection = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) -> x @ w.T
 
 LANES = 8  # k must be a multiple of this (matmul_rows.c's LANES)
-# Up to this many rows the C kernel beats OpenBLAS GEMM here (16 rows: 57 vs 67 ms for all of a step's
-# matmuls; at 32 they tie, at 64 OpenBLAS is 1.3x faster): see docs/PERFORMANCE.md.
-MAX_ROWS = 16
+# Up to this many rows the C kernel makes a faster decode step than OpenBLAS GEMM here (whole steps,
+# interleaved: 32 rows 184 vs 217 ms, 64 rows 336 vs 300 ms); see docs/PERFORMANCE.md.
+MAX_ROWS = 32
 
 
 class NativeMatmul:
