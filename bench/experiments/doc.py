@@ -41,8 +41,10 @@ so a step really takes its modelled time and everything the server does around i
 measured as it is. The model shape is SmolLM2-135M. On the `h200` profile a decode step costs ~1.3 ms, almost
 all of it the profile's fixed per-step overhead, so on this 2-vCPU shared machine the server's own CPU time per
 sequence is a large part of each step: read the absolute numbers as this server on this host, and the ratios
-between configurations as the result. The `cpu` profile models the NumPy backend on this machine (~70 ms per
-decode step, compute-bound prefill at ~13 ms per token)."""
+between configurations as the result. The `cpu` profile models the NumPy backend on this machine; the `cpu`
+rows below were run with its first calibration (~70 ms per decode step, prefill ~13 ms per token). Since
+2026-12-04 it models the faster backend with C kernels (~26 ms per batch-1 decode step, ~3.6 ms per prefill
+token)."""
 
 
 def begin(key: str) -> str:
