@@ -86,14 +86,17 @@ def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: t
     assert done.returncode == 0, done.stderr
 
 
-def test_build_is_cached_and_keyed_by_source(tmp_path: Path) -> None:
-    source = tmp_path / "paged_attention.c"
+def test_build_is_cached_and_keyed_by_source_and_headers(tmp_path: Path) -> None:
+    source, header = tmp_path / "paged_attention.c", tmp_path / "simd.h"
     source.write_text((SOURCE_DIR / "paged_attention.c").read_text())
+    header.write_text((SOURCE_DIR / "simd.h").read_text())
     first = build_library(source, tmp_path / "cache")
     mtime = first.stat().st_mtime_ns
     assert build_library(source, tmp_path / "cache") == first and first.stat().st_mtime_ns == mtime
     source.write_text(source.read_text() + "\n/* changed */\n")
-    assert build_library(source, tmp_path / "cache") != first
+    second = build_library(source, tmp_path / "cache")
+    header.write_text(header.read_text() + "\n/* changed */\n")  # an included header is part of the key
+    assert len({first, second, build_library(source, tmp_path / "cache")}) == 3
 
 
 def test_missing_compiler_is_a_build_error(tmp_path: Path) -> None:

@@ -64,8 +64,11 @@ def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> Non
 
 
 def _build_key(source: Path, cc: str, flags: tuple[str, ...]) -> str:
-    """Hash of the source, flags, compiler version and CPU: any change gives a new library file."""
+    """Hash of the source and the headers beside it, flags, compiler version and CPU: any change gives a new
+    library file."""
     digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):
+        digest.update(header.read_bytes())
     digest.update(" ".join(flags).encode())
     digest.update(_compiler_version(cc).encode())
     digest.update(_cpu_identity().encode())

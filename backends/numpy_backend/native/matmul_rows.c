@@ -11,31 +11,9 @@
  */
 #include <stdint.h>
 
-typedef float vec8 __attribute__((vector_size(32), aligned(4))); /* 8 floats, unaligned loads allowed */
-#define LANES 8
+#include "simd.h"
+
 #define TILE 8 /* weight rows per tile: 8 accumulators, one 8-way horizontal sum */
-
-static inline float hsum(vec8 v) {
-    return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-}
-
-#if defined(__AVX__)
-#include <immintrin.h>
-/* r[j] = the sum of v[j]'s lanes, for 8 vectors at once. */
-static inline vec8 hsum8(const vec8 *v) {
-    const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[0], (__m256)v[1]),
-                                     _mm256_hadd_ps((__m256)v[2], (__m256)v[3]));
-    const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[4], (__m256)v[5]),
-                                     _mm256_hadd_ps((__m256)v[6], (__m256)v[7]));
-    return (vec8)_mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
-}
-#else
-static inline vec8 hsum8(const vec8 *v) {
-    vec8 r;
-    for (int j = 0; j < LANES; j++) r[j] = hsum(v[j]);
-    return r;
-}
-#endif
 
 /* The dot products of one row of x with a tile of TILE weight rows: TILE independent FMA chains. */
 static inline __attribute__((always_inline)) vec8 tile_dots(const vec8 *x, const vec8 *w, int64_t chunks) {
