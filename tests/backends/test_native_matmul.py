@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,13 +41,23 @@ def test_rows_are_independent(matmul: NativeMatmul) -> None:
     np.testing.assert_array_equal(matmul.project(x, w), alone)
 
 
-@pytest.mark.parametrize("case", ["too many rows", "no rows", "inner not a multiple of 8", "float64",
-                                  "x not contiguous", "w not contiguous"])
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `a` one byte off float32 alignment."""
+    buffer = bytearray(a.nbytes + 1)
+    out = np.frombuffer(buffer, a.dtype, count=a.size, offset=1).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("case", ["too many rows", "no rows", "inner not a multiple of 8", "inner of 0", "float64",
+                                  "x not contiguous", "w not contiguous", "x misaligned"])
 def test_hands_over_to_numpy(matmul: NativeMatmul, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     x, w = {
         "too many rows": problem(MAX_ROWS + 1, 16, 8),
         "no rows": problem(0, 16, 8),
         "inner not a multiple of 8": problem(2, 12, 8),
+        "inner of 0": problem(2, 0, 8),
+        "x misaligned": (misaligned(problem(2, 16, 8)[0]), problem(2, 16, 8)[1]),
         "float64": tuple(a.astype(np.float64) for a in problem(2, 16, 8)),
         "x not contiguous": (problem(2, 32, 8)[0][:, ::2], problem(2, 16, 8)[1]),
         "w not contiguous": (problem(2, 16, 8)[0], problem(2, 16, 16)[1][::2]),
@@ -68,5 +77,7 @@ def test_the_kernel_checks_its_sizes(matmul: NativeMatmul) -> None:
     assert matmul._fn(x.ctypes.data, w.ctypes.data, out.ctypes.data, -1, 8, 8) == -2
 
 
-def test_library_path_is_cached(matmul: NativeMatmul, tmp_path: Path) -> None:
-    assert NativeMatmul(cache_dir=matmul.library_path.parent).library_path == matmul.library_path
+def test_a_second_instance_reuses_the_built_library(matmul: NativeMatmul) -> None:
+    built = matmul.library_path.stat().st_mtime_ns
+    again = NativeMatmul(cache_dir=matmul.library_path.parent)
+    assert again.library_path == matmul.library_path and again.library_path.stat().st_mtime_ns == built

@@ -36,6 +36,8 @@ def test_closed_loop_replaces_each_finished_request_at_once() -> None:
     submitter.due(3)  # only two jobs are left
     assert len(core.sent) == 7 and not submitter.pending
     assert len({r.request_id for r in core.sent}) == 7
+    with pytest.raises(RuntimeError, match="closed loop"):  # an idle engine would wait forever
+        submitter.next_arrival()
 
 
 def test_open_loop_sends_by_arrival_time() -> None:
@@ -61,4 +63,3 @@ def test_both_policies_finish_the_same_work(closed_loop: bool) -> None:
     assert continuous.steps < static.steps and continuous.mean_batch > static.mean_batch
     assert max(static.mean_batch, continuous.mean_batch) <= 4
     assert continuous.throughput > static.throughput  # same tokens in a shorter makespan
-

@@ -8,6 +8,7 @@ binary. Concurrent first uses are safe: each compiles to a private temporary nam
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shlex
 import subprocess
@@ -19,8 +20,15 @@ FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-er
 OPENMP = ("-fopenmp",)  # the kernels' threads; a compiler without OpenMP builds them single-threaded
 
 
+log = logging.getLogger(__name__)
+
+
 class KernelBuildError(RuntimeError):
-    """No C compiler, or the kernels did not compile."""
+    """No C compiler, no kernel source, an unwritable cache, or the kernels did not compile."""
+
+
+class CompileError(KernelBuildError):
+    """The compiler ran and rejected the build."""
 
 
 def default_cache_dir() -> Path:
@@ -33,8 +41,11 @@ def build_library(source: Path, cache_dir: Path | None = None, compiler: str | N
     cc = compiler or os.environ.get("CC", "cc")
     try:
         return _cached_build(cc, (*FLAGS, *OPENMP), source, cache_dir)
-    except KernelBuildError:
+    except CompileError as exc:  # most likely no OpenMP (clang without libomp): build single-threaded
+        log.warning("building %s without OpenMP, so its kernels run on one thread: %s", source.name, exc)
         return _cached_build(cc, FLAGS, source, cache_dir)
+    except OSError as exc:  # the source or a header could not be read (an install without them)
+        raise KernelBuildError(f"cannot read the kernel source {source}: {exc}") from exc
 
 
 def _cached_build(cc: str, flags: tuple[str, ...], source: Path, cache_dir: Path | None) -> Path:
@@ -59,7 +70,7 @@ def _compile(cc: str, flags: tuple[str, ...], source: Path, target: Path) -> Non
         raise KernelBuildError(f"cannot run {cc}: {exc}") from exc
     if done.returncode != 0:
         os.unlink(tmp)
-        raise KernelBuildError(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
+        raise CompileError(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
     os.replace(tmp, target)
 
 

@@ -56,11 +56,11 @@ class NativeAttention:
 
 
 def _is_c_array(a: np.ndarray, dtype: type) -> bool:
-    return a.dtype == dtype and a.flags.c_contiguous
+    return a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
 
 
 def _c_array(a: np.ndarray, dtype: type) -> np.ndarray:
-    return a if _is_c_array(a, dtype) else np.ascontiguousarray(a, dtype)
+    return a if _is_c_array(a, dtype) else np.require(a, dtype, ["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:

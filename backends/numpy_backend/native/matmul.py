@@ -1,4 +1,7 @@
-"""ctypes binding of matmul_rows.c: the decode step's projections, x @ w.T for a few rows of x."""
+"""ctypes binding of matmul_rows.c: the decode step's projections, x @ w.T for a few rows of x.
+
+The C kernels run on libgomp's thread team, which does not survive fork(): a child process that runs them
+must be started by exec or the "spawn" method (nothing in pagedserve forks without exec)."""
 
 from __future__ import annotations
 
@@ -24,10 +27,12 @@ class NativeMatmul:
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None) -> None:
         self.library_path = build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
-        self._fn = ctypes.CDLL(str(self.library_path)).matmul_rows_f32
+        library = ctypes.CDLL(str(self.library_path))
+        self._fn = library.matmul_rows_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         self.max_rows = max_rows
+        self.threaded = bool(library.built_with_openmp())  # False: built without OpenMP, one thread
 
     def project(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         if not self._fits(x, w):
@@ -41,8 +46,8 @@ class NativeMatmul:
 
     def _fits(self, x: np.ndarray, w: np.ndarray) -> bool:
         return (x.ndim == 2 == w.ndim and 0 < x.shape[0] <= self.max_rows and x.shape[1] == w.shape[1]
-                and x.shape[1] % LANES == 0 and x.dtype == np.float32 == w.dtype
-                and x.flags.c_contiguous and w.flags.c_contiguous)
+                and x.shape[1] > 0 and x.shape[1] % LANES == 0 and x.dtype == np.float32 == w.dtype
+                and x.flags.c_contiguous and w.flags.c_contiguous and x.flags.aligned and w.flags.aligned)
 
 
 def numpy_project(x: np.ndarray, w: np.ndarray) -> np.ndarray:

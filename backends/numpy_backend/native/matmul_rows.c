@@ -53,3 +53,12 @@ int matmul_rows_f32(const float *x, const float *w, float *y, int64_t m, int64_t
             y[i * n + r] = row_dot((const vec8 *)(x + i * k), (const vec8 *)(w + r * k), chunks);
     return 0;
 }
+
+/* 1 when built with OpenMP (the tiles shared among threads), 0 when built single-threaded. */
+int built_with_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}

@@ -218,6 +218,7 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
         for (int64_t i = 0; i < s->head_dim; i++)
             out[h * s->head_dim + i] = w->acc[(h * s->head_dim + i) / LANES][i % LANES] * w->inv_sums[h];
 }
+
 /* Validates the context lengths: -3 if one is outside 1..table_stride * block_size; else their maximum. */
 static int64_t max_context(const int32_t *context_lens, int64_t batch, int64_t max_len, int64_t *total) {
     int64_t top = 1;
