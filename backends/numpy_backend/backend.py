@@ -20,8 +20,9 @@ class NumpyBackend:
     def __init__(self, model: LoadedModel, cpu_kernels: str = "auto") -> None:
         self.model = model
         cfg = model.config
-        kernels = choose_kernels(cpu_kernels, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project)
+        kernels = choose_kernels(cpu_kernels, cfg, model.weights)
+        self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
+                                    kernels.decode_step)
         self._cache: PagedKVCache | None = None
 
     @property

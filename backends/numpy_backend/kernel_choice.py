@@ -1,5 +1,6 @@
-"""Which kernels the NumPy backend runs: the C kernels (decode attention, decode-step projections), or the
-NumPy references. Each is chosen on its own, so one that cannot be built or loaded costs only itself."""
+"""Which kernels the NumPy backend runs: the C kernels (decode attention, decode-step projections, the fused
+decode step), or the NumPy references. Each is chosen on its own, so one that cannot be built or loaded costs
+only itself."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from backends.base import BackendError
+from backends.model.config import ModelConfig
+from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import DecodeAttention, decode_attention
 from backends.numpy_backend.native.build import KernelBuildError
+from backends.numpy_backend.native.decode_step import NativeDecodeStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
 
@@ -22,20 +26,35 @@ K = TypeVar("K")
 class CpuKernels:
     decode_attention: DecodeAttention
     project: Projection  # x @ w.T
+    decode_step: NativeDecodeStep | None = None  # a small all-decode step in one call; None: layer by layer
 
 
-def choose_kernels(mode: str, heads: int, kv_heads: int, head_dim: int) -> CpuKernels:
+def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> CpuKernels:
     """mode "numpy": the references; "native": the C kernels or an error; "auto": each C kernel when it
-    builds and loads, and the attention kernel when it supports the model's head shape."""
+    builds and loads, and the attention and fused-step kernels when they support the model's shape."""
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
+    return CpuKernels(_attention(mode, config), _native(mode, "projection", lambda: NativeMatmul().project,
+                                                        numpy_project), _decode_step(mode, config, weights))
+
+
+def _attention(mode: str, config: ModelConfig) -> DecodeAttention:
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     if NativeAttention.supports(heads, kv_heads, head_dim):
         attention = _native(mode, "attention", lambda: NativeAttention().decode, decode_attention)
     elif mode == "native":
         raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
     else:
         attention = decode_attention
-    return CpuKernels(attention, _native(mode, "projection", lambda: NativeMatmul().project, numpy_project))
+    return attention
+
+
+def _decode_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeDecodeStep | None:
+    if NativeDecodeStep.supports(config):
+        return _native(mode, "decode step", lambda: NativeDecodeStep(config, weights), None)
+    if mode == "native":
+        raise BackendError("the fused C decode step does not support this model's shape")
+    return None
 
 
 def _native(mode: str, what: str, load: Callable[[], K], reference: K) -> K:

@@ -12,13 +12,23 @@ import numpy as np
 import pytest
 
 from backends.base import BackendError
+from backends.model.config import ModelConfig
+from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import decode_attention
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, KernelBuildError, build_library
+from backends.numpy_backend.native.decode_step import NativeDecodeStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+
+
+def model_of(head_dim: int) -> tuple[ModelConfig, ModelWeights]:
+    """A model shape of 9 query heads over 3 kv heads; the choice only hands the weights on, so none are made."""
+    config = ModelConfig("shape", "llama", 2, 576, 1536, 9, 3, head_dim, 1e4, 1e-5, 100, 256, 1, (2,))
+    return config, ModelWeights(np.zeros((100, 576), np.float32), (), np.ones(576, np.float32),
+                                np.zeros((100, 576), np.float32))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +88,7 @@ def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 
-@pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c"])
+@pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c", "decode_step.c"])
 @pytest.mark.parametrize("openmp", [("-Wno-unknown-pragmas",), OPENMP])  # without OpenMP its pragmas are unknown
 def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: tuple[str, ...]) -> None:
     done = subprocess.run(["cc", *FLAGS, *openmp, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"),
@@ -88,8 +98,8 @@ def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: t
 
 def test_build_is_cached_and_keyed_by_source_and_headers(tmp_path: Path) -> None:
     source, header = tmp_path / "paged_attention.c", tmp_path / "simd.h"
-    source.write_text((SOURCE_DIR / "paged_attention.c").read_text())
-    header.write_text((SOURCE_DIR / "simd.h").read_text())
+    for path in [SOURCE_DIR / "paged_attention.c", *SOURCE_DIR.glob("*.h")]:
+        (tmp_path / path.name).write_text(path.read_text())
     first = build_library(source, tmp_path / "cache")
     mtime = first.stat().st_mtime_ns
     assert build_library(source, tmp_path / "cache") == first and first.stat().st_mtime_ns == mtime
@@ -142,27 +152,31 @@ def test_a_library_that_will_not_load_falls_back(monkeypatch: pytest.MonkeyPatch
         raise OSError("failed to map segment from shared object")
 
     monkeypatch.setattr("backends.numpy_backend.kernel_choice.NativeMatmul", refuse)
-    kernels = choose_kernels("auto", 9, 3, 64)
-    assert kernels.project is numpy_project
+    kernels = choose_kernels("auto", *model_of(64))
+    assert kernels.project is numpy_project and kernels.decode_step is not None
     assert getattr(kernels.decode_attention, "__self__", None).__class__ is NativeAttention
     with pytest.raises(BackendError, match="did not build or load"):
-        choose_kernels("native", 9, 3, 64)
+        choose_kernels("native", *model_of(64))
 
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
-    reference = choose_kernels("numpy", 9, 3, 64)
+    reference = choose_kernels("numpy", *model_of(64))
     assert reference.decode_attention is decode_attention and reference.project is numpy_project
-    native = choose_kernels("native", 9, 3, 64)
+    assert reference.decode_step is None
+    native = choose_kernels("native", *model_of(64))
     assert getattr(native.decode_attention, "__self__", None).__class__ is NativeAttention
     assert getattr(native.project, "__self__", None).__class__ is NativeMatmul
-    shape_not_done = choose_kernels("auto", 9, 3, 12)  # the attention kernel does not do it; matmul does
+    assert isinstance(native.decode_step, NativeDecodeStep)
+    shape_not_done = choose_kernels("auto", *model_of(12))  # attention and the fused step do not do it; matmul does
     assert shape_not_done.decode_attention is decode_attention and shape_not_done.project is not numpy_project
+    assert shape_not_done.decode_step is None
     with pytest.raises(BackendError, match="does not support"):
-        choose_kernels("native", 9, 3, 12)
+        choose_kernels("native", *model_of(12))
     monkeypatch.setenv("CC", "no-such-compiler-here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
-        assert choose_kernels("auto", 9, 3, 64) == reference
-    assert "C attention kernel unavailable" in caplog.text and "C projection kernel unavailable" in caplog.text
+        assert choose_kernels("auto", *model_of(64)) == reference
+    for what in ("attention", "projection", "decode step"):
+        assert f"C {what} kernel unavailable" in caplog.text
     with pytest.raises(BackendError, match="did not build"):
-        choose_kernels("native", 9, 3, 64)
+        choose_kernels("native", *model_of(64))

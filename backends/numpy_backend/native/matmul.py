@@ -16,9 +16,10 @@ from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 Projection = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) -> x @ w.T
 
 LANES = 8  # k must be a multiple of this (matmul_rows.c's LANES)
-# Up to this many rows the C kernel makes a faster decode step than OpenBLAS GEMM here (whole steps,
-# interleaved: 32 rows 184 vs 217 ms, 64 rows 336 vs 300 ms); see docs/PERFORMANCE.md.
-MAX_ROWS = 32
+# Up to this many rows the C kernel is at least as fast as OpenBLAS GEMM here (the 113 MB output head: 64 rows
+# 31.7 vs 32.2 ms; 32 rows 18.2 vs 26.0 ms), and only it gives a row the same result in any batch; see
+# docs/PERFORMANCE.md. The fused decode step (decode_step.py) takes steps up to the same size.
+MAX_ROWS = 64
 
 
 class NativeMatmul:

@@ -1,0 +1,232 @@
+/* Decode attention over the paged KV cache, for the NumPy backend on the CPU: the per-sequence pieces, shared
+ * by the standalone kernel (paged_attention.c) and the fused decode step (decode_step.c).
+ *
+ * One query token per sequence. The NumPy reference (attention.decode_attention) gathers every sequence's
+ * blocks into a padded copy and runs two batched matmuls; here each (sequence, kv head) pair reads its keys
+ * and values straight from the block pool once, for all the query heads that share that kv head (GQA), so
+ * nothing is copied and no padding is computed. Cache layout, per layer: (num_blocks, block_size, kv_heads,
+ * head_dim) float32, rows contiguous. Query heads h = kv_head * group + g, as in the reference.
+ *
+ * Softmax is exact and two-pass (scores first, then exp and the weighted sum), in float32 with the max
+ * subtracted, matching the reference to float32 rounding.
+ */
+#ifndef PAGEDSERVE_ATTENTION_H
+#define PAGEDSERVE_ATTENTION_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "simd.h"
+
+typedef int32_t vec8i __attribute__((vector_size(32)));
+#define MAX_GROUP 16
+
+typedef struct {
+    int64_t heads, kv_heads, head_dim, block_size, table_stride;
+    float scale;
+} DecodeShape;
+
+/* Scores of one query against 8 key rows: 8 independent FMA chains, then one hsum8. */
+static inline __attribute__((always_inline)) vec8 scores8(const vec8 *q, const vec8 *const *k, int64_t chunks) {
+    vec8 acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = q[0] * k[j][0];
+    for (int64_t c = 1; c < chunks; c++)
+        for (int j = 0; j < LANES; j++) acc[j] += q[c] * k[j][c];
+    return hsum8(acc);
+}
+
+/* Scores of the group's queries against one key row: scores[g * stride] = scale * q_g . k. Inlined into
+ * per-group-size copies (see for_group) so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void row_scores(const vec8 *q, const vec8 *k, int64_t chunks,
+                                                              int64_t group, float scale, float *scores,
+                                                              int64_t stride) {
+    vec8 even[MAX_GROUP], odd[MAX_GROUP]; /* two chains per head: the FMAs' latency, not their count, binds */
+    for (int64_t g = 0; g < group; g++) even[g] = odd[g] = (vec8){0};
+    for (int64_t c = 0; c + 1 < chunks; c += 2)
+        for (int64_t g = 0; g < group; g++) {
+            even[g] += q[g * chunks + c] * k[c];
+            odd[g] += q[g * chunks + c + 1] * k[c + 1];
+        }
+    if (chunks % 2)
+        for (int64_t g = 0; g < group; g++) even[g] += q[g * chunks + chunks - 1] * k[chunks - 1];
+    for (int64_t g = 0; g < group; g++) scores[g * stride] = scale * hsum(even[g] + odd[g]);
+}
+
+/* exp for x <= 0 (softmax arguments), to float32 precision: 2^n * exp(r), |r| <= ln2 / 2, with a degree-6
+ * Taylor polynomial (error below 2e-7 relative). Arguments below -87 give about 1e-38 instead of less. */
+static vec8 exp_nonpositive(vec8 x) {
+    const vec8 shifter = x * 0.0f + 12582912.0f; /* adding and subtracting 1.5 * 2^23 rounds to an integer */
+    for (int i = 0; i < LANES; i++) x[i] = x[i] < -87.0f ? -87.0f : x[i];
+    const vec8 n = (x * 1.44269504f + shifter) - shifter;
+    const vec8 r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    vec8 p = r * (1.0f / 720) + 1.0f / 120;
+    p = (((((p * r + 1.0f / 24) * r + 1.0f / 6) * r + 0.5f) * r + 1.0f) * r) + 1.0f;
+    const vec8i bits = (__builtin_convertvector(n, vec8i) + 127) << 23;
+    vec8 scale;
+    __builtin_memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* In place: scores -> exp(scores - max); returns their sum. */
+static float exp_and_sum(float *scores, int64_t n) {
+    float top = scores[0], total = 0.0f;
+    for (int64_t i = 1; i < n; i++) top = scores[i] > top ? scores[i] : top;
+    int64_t i = 0;
+    vec8 sums = {0};
+    for (; i + LANES <= n; i += LANES) {
+        vec8 e = exp_nonpositive(*(vec8 *)(scores + i) - top);
+        *(vec8 *)(scores + i) = e;
+        sums += e;
+    }
+    for (; i < n; i++) {
+        scores[i] = expf(scores[i] - top);
+        total += scores[i];
+    }
+    return total + hsum(sums);
+}
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Walks a sequence's token rows (kv_heads * head_dim floats each) through its block table in order. With
+ * `prefetch`, each step also prefetches the same row of the next block, so that block arrives while this one
+ * is computed: blocks are scattered, which stops the hardware prefetcher at every block's end. */
+typedef struct {
+    const float *layer;
+    const int32_t *table;
+    int64_t block, offset, blocks, block_size, row;
+    int prefetch;
+} RowCursor;
+
+INLINE RowCursor cursor_at_start(const DecodeShape *s, const float *layer, const int32_t *table, int64_t ctx,
+                                 int prefetch) {
+    const int64_t blocks = (ctx + s->block_size - 1) / s->block_size;
+    return (RowCursor){layer, table, 0, 0, blocks, s->block_size, s->kv_heads * s->head_dim, prefetch};
+}
+
+INLINE const float *cursor_next(RowCursor *c) {
+    const float *row = c->layer + ((int64_t)c->table[c->block] * c->block_size + c->offset) * c->row;
+    if (c->prefetch && c->block + 1 < c->blocks) {
+        const char *ahead = (const char *)(c->layer + ((int64_t)c->table[c->block + 1] * c->block_size + c->offset) * c->row);
+        for (int64_t byte = 0; byte < c->row * (int64_t)sizeof(float); byte += 64) __builtin_prefetch(ahead + byte);
+    }
+    if (++c->offset == c->block_size) {
+        c->offset = 0;
+        c->block++;
+    }
+    return row;
+}
+
+/* scores (heads, ctx) of one sequence, 8 tokens at a time (the tail one by one); every key row is read from
+ * memory once, for all the query heads that share it. */
+INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_layer, const int32_t *table,
+                            int64_t ctx, int64_t group, int64_t chunks, float *scores) {
+    RowCursor cursor = cursor_at_start(s, k_layer, table, ctx, 1);
+    const float *rows[LANES];
+    const vec8 *keys[LANES];
+    int64_t t = 0;
+    for (; t + LANES <= ctx; t += LANES) {
+        for (int j = 0; j < LANES; j++) rows[j] = cursor_next(&cursor);
+        for (int64_t h = 0; h < s->kv_heads; h++) {
+            for (int j = 0; j < LANES; j++) keys[j] = (const vec8 *)rows[j] + h * chunks;
+            for (int64_t g = h * group; g < (h + 1) * group; g++)
+                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks);
+        }
+    }
+    for (; t < ctx; t++) {
+        const vec8 *row = (const vec8 *)cursor_next(&cursor);
+        for (int64_t h = 0; h < s->kv_heads; h++)
+            row_scores(q + h * group * chunks, row + h * chunks, chunks, group, s->scale, scores + h * group * ctx + t,
+                       ctx);
+    }
+}
+
+/* Turn each head's scores (heads, ctx) into unnormalised probabilities; inv_sums gets 1 / their sums. */
+static void softmax_rows(float *scores, int64_t heads, int64_t ctx, float *inv_sums) {
+    for (int64_t h = 0; h < heads; h++) inv_sums[h] = 1.0f / exp_and_sum(scores + h * ctx, ctx);
+}
+
+/* acc (heads * chunks vectors) = probs @ V for one sequence, in one pass over the value rows: each row is read
+ * once, for every query head, into accumulators that stay in L1 (heads * head_dim floats). A pass per kv head
+ * and register tile, as before, read each row six times and took 2.4x as long at batch 64. */
+INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const int32_t *table, int64_t ctx,
+                            int64_t group, int64_t chunks, const float *probs, vec8 *acc) {
+    for (int64_t i = 0; i < s->heads * chunks; i++) acc[i] = (vec8){0};
+    RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1);
+    for (int64_t t = 0; t < ctx; t++) {
+        const vec8 *row = (const vec8 *)cursor_next(&cursor);
+        for (int64_t h = 0; h < s->kv_heads; h++)
+            for (int64_t g = 0; g < group; g++) {
+                const float p = probs[(h * group + g) * ctx + t];
+                vec8 *sums = acc + (h * group + g) * chunks;
+                for (int64_t i = 0; i < chunks; i++) sums[i] += p * row[h * chunks + i];
+            }
+    }
+}
+
+/* Per-thread scratch: scores (heads * max_ctx), 1/sums (heads), the query and the accumulators as vectors. */
+typedef struct {
+    float *scores, *inv_sums;
+    vec8 *q, *acc;
+} Scratch;
+
+static int scratch_alloc(Scratch *w, int64_t heads, int64_t head_dim, int64_t max_ctx) {
+    w->scores = malloc(sizeof(float) * (size_t)(heads * max_ctx + heads));
+    w->q = malloc(sizeof(float) * (size_t)(2 * heads * head_dim));
+    w->inv_sums = w->scores ? w->scores + heads * max_ctx : NULL;
+    w->acc = w->q ? w->q + heads * head_dim / LANES : NULL;
+    return w->scores != NULL && w->q != NULL;
+}
+
+static void scratch_free(Scratch *w) {
+    free(w->scores);
+    free(w->q);
+}
+
+/* One sequence's attention, with the group size and head_dim / 8 as (ideally constant) arguments. */
+INLINE void attend_core(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *table,
+                        int64_t ctx, int64_t group, int64_t chunks, Scratch *w) {
+    sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores);
+    softmax_rows(w->scores, s->heads, ctx, w->inv_sums);
+    sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc);
+}
+
+/* Copies of attend_core for common GQA group sizes and head dims 64 and 128; anything else runs generic. */
+static void attend_dispatch(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *table,
+                            int64_t ctx, Scratch *w) {
+    const int64_t group = s->heads / s->kv_heads, chunks = s->head_dim / LANES;
+#define SPECIALISE(G, C) \
+    if (group == G && chunks == C) return attend_core(s, k_layer, v_layer, table, ctx, G, C, w);
+    SPECIALISE(1, 8) SPECIALISE(2, 8) SPECIALISE(3, 8) SPECIALISE(4, 8) SPECIALISE(8, 8)
+    SPECIALISE(1, 16) SPECIALISE(2, 16) SPECIALISE(4, 16) SPECIALISE(8, 16)
+#undef SPECIALISE
+    attend_core(s, k_layer, v_layer, table, ctx, group, chunks, w);
+}
+
+static void attend_sequence(const DecodeShape *s, const float *q, const float *k_layer, const float *v_layer,
+                            const int32_t *table, int64_t ctx, float *out, Scratch *w) {
+    const int64_t width = s->heads * s->head_dim;
+    if (ctx <= 0) {
+        for (int64_t i = 0; i < width; i++) out[i] = 0.0f;
+        return;
+    }
+    for (int64_t i = 0; i < width; i++) w->q[i / LANES][i % LANES] = q[i];
+    attend_dispatch(s, k_layer, v_layer, table, ctx, w);
+    for (int64_t h = 0; h < s->heads; h++)
+        for (int64_t i = 0; i < s->head_dim; i++)
+            out[h * s->head_dim + i] = w->acc[(h * s->head_dim + i) / LANES][i % LANES] * w->inv_sums[h];
+}
+
+/* Validates the context lengths: -3 if one is outside 1..table_stride * block_size; else their maximum. */
+static int64_t max_context(const int32_t *context_lens, int64_t batch, int64_t max_len, int64_t *total) {
+    int64_t top = 1;
+    *total = 0;
+    for (int64_t b = 0; b < batch; b++) {
+        if (context_lens[b] < 1 || context_lens[b] > max_len) return -3;
+        top = context_lens[b] > top ? context_lens[b] : top;
+        *total += context_lens[b];
+    }
+    return top;
+}
+
+#endif

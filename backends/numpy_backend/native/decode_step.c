@@ -1,0 +1,230 @@
+/* A whole decode step of a Llama model on the CPU, every layer in one call, for the NumPy backend.
+ *
+ * For a step of single-token rows (one per decoding sequence) the per-layer work besides the projections
+ * (RMSNorm, RoPE, the KV write, SwiGLU, residual adds) is a few microseconds of arithmetic, but as NumPy calls
+ * from Python it cost 4-6 ms a step, and every projection started and stopped the thread team, leaving the
+ * memory bus idle between matrices. Here all layers run in one OpenMP parallel region: the threads share out
+ * each projection's weight tiles (matmul.h) and the sequences' attention (attention.h), and meet at a barrier
+ * between the stages.
+ *
+ * The reference is the NumPy forward (model.LlamaForward with the NumPy kernels); tests compare the logits
+ * and the KV cache it writes. Results differ from it only by float32 rounding (summation order, fused
+ * multiply-adds, the polynomial exp in SwiGLU).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "attention.h"
+#include "matmul.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_ID omp_get_thread_num()
+#define MAX_THREADS omp_get_max_threads()
+#define NOW() omp_get_wtime()
+#else
+#include <time.h>
+#define THREAD_ID 0
+#define MAX_THREADS 1
+static double NOW(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+#endif
+
+enum { TIME_PROJECTIONS, TIME_ATTENTION, TIME_OTHER, TIME_PARTS }; /* seconds of a step, by stage */
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, ffn, block_size, num_blocks;
+    float eps;
+} ModelShape;
+
+typedef struct { /* one layer's weights (matrices (out, in) as stored) and its KV cache */
+    const float *attn_norm, *wqkv, *wo, *ffn_norm, *w_gate_up, *w_down;
+    float *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim) */
+} LayerRefs;
+
+typedef struct { /* the step's rows: one new token per sequence */
+    int64_t rows, table_stride;
+    const float *cos, *sin;  /* (rows, head_dim / 2): the RoPE angles of each row's position */
+    const int64_t *slots;    /* (rows,) flat KV slot of the new token; negative: padding, not stored */
+    const int32_t *block_tables, *context_lens; /* (rows, table_stride), (rows,) including the new token */
+} StepRows;
+
+typedef struct { /* activations, (rows, width) each */
+    float *x, *normed, *qkv, *attn, *gate_up, *act;
+} Activations;
+
+/* Adds the time since the last mark to seconds[part]; only thread 0 keeps time (after a stage's barrier, so
+ * the stage is over on every thread). */
+typedef struct {
+    double *seconds, last;
+} StageClock;
+
+static void clock_mark(StageClock *clock, int part) {
+    if (THREAD_ID != 0) return;
+    const double now = NOW();
+    clock->seconds[part] += now - clock->last;
+    clock->last = now;
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight, row by row. */
+static void rms_norm_rows(const float *x, const float *weight, float *out, int64_t rows, int64_t n, float eps) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        vec8 squares = {0};
+        for (int64_t i = 0; i < n; i += LANES) squares += *(const vec8 *)(row + i) * *(const vec8 *)(row + i);
+        const float denom = sqrtf(hsum(squares) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) out[r * n + i] = row[i] / denom * weight[i];
+    }
+}
+
+/* Rotate `heads` heads of a row in place by one position's angles; pairs are interleaved (2i, 2i+1). */
+static void rotate_heads(float *v, int64_t heads, int64_t head_dim, const float *cos, const float *sin) {
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < head_dim / 2; i++) {
+            float *pair = v + h * head_dim + 2 * i;
+            const float even = pair[0], odd = pair[1];
+            pair[0] = even * cos[i] - odd * sin[i];
+            pair[1] = even * sin[i] + odd * cos[i];
+        }
+}
+
+/* RoPE on each row's Q and K, then its K and V stored at the row's slot (before attention, which reads it). */
+static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, float *qkv) {
+    const int64_t q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
+    const int64_t width = q_size + 2 * kv_size, half = m->head_dim / 2;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < s->rows; r++) {
+        float *row = qkv + r * width;
+        rotate_heads(row, m->heads + m->kv_heads, m->head_dim, s->cos + r * half, s->sin + r * half);
+        if (s->slots[r] < 0) continue;
+        __builtin_memcpy(layer->keys + s->slots[r] * kv_size, row + q_size, sizeof(float) * (size_t)kv_size);
+        __builtin_memcpy(layer->values + s->slots[r] * kv_size, row + q_size + kv_size,
+                         sizeof(float) * (size_t)kv_size);
+    }
+}
+
+/* Each row's attention over its sequence's paged context; rows shared out dynamically (lengths differ). */
+static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, const float *qkv,
+                        float *out, Scratch *scratch) {
+    const DecodeShape shape = {m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
+                               1.0f / sqrtf((float)m->head_dim)};
+    const int64_t q_size = m->heads * m->head_dim, width = q_size + 2 * m->kv_heads * m->head_dim;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < s->rows; r++)
+        attend_sequence(&shape, qkv + r * width, layer->keys, layer->values, s->block_tables + r * s->table_stride,
+                        s->context_lens[r], out + r * q_size, scratch);
+}
+
+/* SwiGLU: act = silu(gate) * up, with gate and up the two halves of each gate_up row. The sigmoid takes exp
+ * of -|g| only (exp_nonpositive): 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void silu_mul_rows(const float *gate_up, float *act, int64_t rows, int64_t ffn) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < ffn; i += LANES) {
+            const vec8 g = *(const vec8 *)(gate_up + r * 2 * ffn + i), up = *(const vec8 *)(gate_up + r * 2 * ffn + ffn + i);
+            const vec8 negative = __builtin_convertvector(-(g < 0), vec8); /* 1.0 where g < 0 */
+            const vec8 e = exp_nonpositive(g * (1.0f - 2.0f * negative) * -1.0f);
+            *(vec8 *)(act + r * ffn + i) = g * ((1.0f + (e - 1.0f) * negative) / (1.0f + e)) * up;
+        }
+}
+
+/* One decoder layer for every row: x += attention(norm(x)); x += mlp(norm(x)). */
+static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
+                          Scratch *scratch, StageClock *clock) {
+    const int64_t rows = s->rows, hidden = m->hidden, q_size = m->heads * m->head_dim;
+    const int64_t qkv_width = q_size + 2 * m->kv_heads * m->head_dim;
+    rms_norm_rows(a->x, layer->attn_norm, a->normed, rows, hidden, m->eps);
+    clock_mark(clock, TIME_OTHER);
+    project_rows(a->normed, layer->wqkv, a->qkv, rows, hidden, qkv_width, 0);
+    clock_mark(clock, TIME_PROJECTIONS);
+    rope_and_store_rows(m, layer, s, a->qkv);
+    clock_mark(clock, TIME_OTHER);
+    attend_rows(m, layer, s, a->qkv, a->attn, scratch);
+    clock_mark(clock, TIME_ATTENTION);
+    project_rows(a->attn, layer->wo, a->x, rows, q_size, hidden, 1);
+    clock_mark(clock, TIME_PROJECTIONS);
+    rms_norm_rows(a->x, layer->ffn_norm, a->normed, rows, hidden, m->eps);
+    clock_mark(clock, TIME_OTHER);
+    project_rows(a->normed, layer->w_gate_up, a->gate_up, rows, hidden, 2 * m->ffn, 0);
+    clock_mark(clock, TIME_PROJECTIONS);
+    silu_mul_rows(a->gate_up, a->act, rows, m->ffn);
+    clock_mark(clock, TIME_OTHER);
+    project_rows(a->act, layer->w_down, a->x, rows, m->ffn, hidden, 1);
+    clock_mark(clock, TIME_PROJECTIONS);
+}
+
+/* 0, or -5 when a new token's slot or a block the attention would read lies outside the cache. */
+static int check_cache_refs(const ModelShape *m, const StepRows *s) {
+    for (int64_t r = 0; r < s->rows; r++) {
+        if (s->slots[r] >= m->num_blocks * m->block_size) return -5;
+        const int64_t used = (s->context_lens[r] + m->block_size - 1) / m->block_size;
+        for (int64_t b = 0; b < used; b++) {
+            const int32_t block = s->block_tables[r * s->table_stride + b];
+            if (block < 0 || block >= m->num_blocks) return -5;
+        }
+    }
+    return 0;
+}
+
+/* -2 unless every width is a multiple of 8 and the heads group evenly (at most 16 query heads per kv head). */
+static int check_shape(const ModelShape *m) {
+    const int ok = m->head_dim % LANES == 0 && m->hidden % LANES == 0 && m->ffn % LANES == 0 && m->kv_heads > 0
+                   && m->heads % m->kv_heads == 0 && m->heads / m->kv_heads <= MAX_GROUP && m->block_size > 0;
+    return ok ? 0 : -2;
+}
+
+static float *alloc_activations(Activations *a, const ModelShape *m, int64_t rows) {
+    const int64_t q_size = m->heads * m->head_dim, qkv = q_size + 2 * m->kv_heads * m->head_dim;
+    const size_t floats = (size_t)(rows * (m->hidden + qkv + q_size + 3 * m->ffn));
+    float *block = malloc(sizeof(float) * floats + 1);
+    if (block == NULL) return NULL;
+    a->normed = block;
+    a->qkv = a->normed + rows * m->hidden;
+    a->attn = a->qkv + rows * qkv;
+    a->gate_up = a->attn + rows * q_size;
+    a->act = a->gate_up + rows * 2 * m->ffn;
+    return block;
+}
+
+/* Per-thread attention scratch for every thread the parallel region may start; NULL if out of memory. */
+static Scratch *alloc_scratch(const ModelShape *m, int64_t max_ctx, int threads) {
+    Scratch *all = calloc((size_t)threads, sizeof(Scratch));
+    for (int t = 0; all != NULL && t < threads; t++)
+        if (!scratch_alloc(&all[t], m->heads, m->head_dim, max_ctx)) {
+            for (int u = 0; u <= t; u++) scratch_free(&all[u]);
+            free(all);
+            all = NULL;
+        }
+    return all;
+}
+
+/* x: (rows, hidden), the rows' token embeddings in, their final hidden states (before the final norm) out;
+ * the new K and V of every layer are written to their slots. seconds[TIME_PARTS] gets the time spent in the
+ * projections, the attention and the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported
+ * shape; -3 a context length outside 1..table_stride * block_size; -5 a slot or block outside the cache. */
+int decode_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds) {
+    int64_t total;
+    for (int part = 0; part < TIME_PARTS; part++) seconds[part] = 0.0;
+    if (check_shape(m) != 0) return -2;
+    const int64_t max_ctx = max_context(s->context_lens, s->rows, s->table_stride * m->block_size, &total);
+    if (max_ctx < 0) return (int)max_ctx;
+    if (check_cache_refs(m, s) != 0) return -5;
+    Activations a = {.x = x};
+    float *buffers = alloc_activations(&a, m, s->rows);
+    const int threads = MAX_THREADS;
+    Scratch *scratch = buffers ? alloc_scratch(m, max_ctx, threads) : NULL;
+    StageClock clock = {seconds, NOW()};
+    if (scratch != NULL) {
+#pragma omp parallel num_threads(threads)
+        for (int64_t l = 0; l < m->layers; l++) decoder_layer(m, &layers[l], s, &a, &scratch[THREAD_ID], &clock);
+        for (int t = 0; t < threads; t++) scratch_free(&scratch[t]);
+    }
+    free(scratch);
+    free(buffers);
+    return scratch != NULL ? 0 : -1;
+}

@@ -1,0 +1,106 @@
+"""ctypes binding of decode_step.c: a whole decode step (every layer) in one C call.
+
+Used for steps whose rows are all single decode tokens and few enough for the C projection kernel; any other
+step (prefill chunks, large batches) runs the per-layer path in model.py."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from backends.model.config import ModelConfig
+from backends.model.weights import ModelWeights
+from backends.numpy_backend.kv_cache import PagedKVCache
+from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+from backends.numpy_backend.native.kernels import MAX_GROUP
+from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+_ERRORS = {-1: "out of memory", -2: "unsupported model shape", -3: "context length outside its block table",
+           -5: "KV slot or block outside the cache"}
+STAGES = ("projections", "attention", "other")  # decode_step.c's TIME_* order
+_LAYER_ARRAYS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
+
+
+class _ModelShape(ctypes.Structure):
+    _fields_ = [(name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
+                                          "block_size", "num_blocks")] + [("eps", ctypes.c_float)]
+
+
+class _LayerRefs(ctypes.Structure):
+    _fields_ = [(name, _P) for name in (*_LAYER_ARRAYS, "keys", "values")]
+
+
+class _StepRows(ctypes.Structure):
+    _fields_ = [("rows", _I64), ("table_stride", _I64)] + [
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens")]
+
+
+class NativeDecodeStep:
+    """`run(x, cache, ...)`: every layer of a decode step on x (rows, hidden) in place, writing the KV cache."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int = MAX_ROWS,
+                 cache_dir: Path | None = None) -> None:
+        self.library_path = build_library(SOURCE_DIR / "decode_step.c", cache_dir)
+        self._fn = ctypes.CDLL(str(self.library_path)).decode_step_f32
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [_P, _P, _P, _P, _P]
+        self.config, self.weights, self.max_rows = config, weights, max_rows
+        self.last_seconds = np.zeros(len(STAGES))  # the last step's time by stage (STAGES), filled by C
+        self._bound: tuple[PagedKVCache, _ModelShape, ctypes.Array[_LayerRefs]] | None = None
+
+    @staticmethod
+    def supports(config: ModelConfig) -> bool:
+        return (config.head_dim % LANES == 0 and config.hidden_size % LANES == 0
+                and config.intermediate_size % LANES == 0 and config.num_heads % config.num_kv_heads == 0
+                and config.num_heads // config.num_kv_heads <= MAX_GROUP)
+
+    def fits(self, rows: int) -> bool:
+        return 0 < rows <= self.max_rows
+
+    def run(self, x: np.ndarray, cache: PagedKVCache, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
+            block_tables: np.ndarray, context_lens: np.ndarray) -> None:
+        """x (rows, hidden) float32: token embeddings in, final hidden states out. cos, sin: (rows, head_dim/2)
+        angles of each row's position; slots, block_tables, context_lens as in StepBatch."""
+        _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
+                 and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
+        shape, layers = self._bind(cache)
+        keep = [_c(cos, np.float32), _c(sin, np.float32), _c(slots, np.int64), _c(block_tables, np.int32),
+                _c(context_lens, np.int32)]  # alive until the call returns
+        _require(all(len(a) == len(x) for a in keep), "one row each of cos, sin, slots, tables and lengths")
+        rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep))
+        status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data, self.last_seconds.ctypes.data)
+        if status != 0:
+            raise (MemoryError if status == -1 else ValueError)(f"native decode step: {_ERRORS.get(status, status)}")
+
+    def _bind(self, cache: PagedKVCache) -> tuple[_ModelShape, ctypes.Array[_LayerRefs]]:
+        """The model shape and per-layer pointers for this cache, built once per cache."""
+        if self._bound is None or self._bound[0] is not cache:
+            self._bound = (cache, self._shape(cache), self._layer_refs(cache))
+        return self._bound[1], self._bound[2]
+
+    def _shape(self, cache: PagedKVCache) -> _ModelShape:
+        c = self.config
+        return _ModelShape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                           c.intermediate_size, cache.block_size, cache.num_blocks, c.rms_eps)
+
+    def _layer_refs(self, cache: PagedKVCache) -> ctypes.Array[_LayerRefs]:
+        refs = (_LayerRefs * self.config.num_layers)()
+        for i, layer in enumerate(self.weights.layers):
+            arrays = [getattr(layer, name) for name in _LAYER_ARRAYS] + [cache.keys[i], cache.values[i]]
+            _require(all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays),
+                     f"layer {i}: weights and cache must be C-contiguous float32")
+            refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays))
+        return refs
+
+
+def _c(a: np.ndarray, dtype: type) -> np.ndarray:
+    ok = a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
+    return a if ok else np.require(a, dtype, ["C_CONTIGUOUS", "ALIGNED"])
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(f"native decode step: {message}")

@@ -1,0 +1,133 @@
+/* y = x @ w.T for the few rows of a decode step: the tile loop shared by the standalone projection kernel
+ * (matmul_rows.c) and the fused decode step (decode_step.c).
+ *
+ * x: (m, k) activations, m small (one row per decoding sequence); w: (n, k) a weight matrix as stored, rows
+ * contiguous; y: (m, n). A decode step is bound by reading the weights once, so w is streamed exactly once:
+ * each tile of 8 weight rows is read from memory and then used, from cache, for every row of x. BLAS GEMM
+ * instead packs w into panels first; for m between 2 and ~16 that copy costs more than the arithmetic
+ * (OpenBLAS 0.3.31 here: m = 2 took 2.4x as long as m = 1).
+ */
+#ifndef PAGEDSERVE_MATMUL_H
+#define PAGEDSERVE_MATMUL_H
+
+#include <stdint.h>
+
+#include "simd.h"
+
+#define TILE 8 /* weight rows per tile: 8 accumulators, one 8-way horizontal sum */
+
+/* The dot products of one row of x with a tile of TILE weight rows: TILE independent FMA chains. */
+static inline __attribute__((always_inline)) vec8 tile_dots(const vec8 *x, const vec8 *w, int64_t chunks) {
+    vec8 acc[TILE];
+    for (int j = 0; j < TILE; j++) acc[j] = (vec8){0};
+    for (int64_t c = 0; c < chunks; c++)
+        for (int j = 0; j < TILE; j++) acc[j] = fma8(x[c], w[j * chunks + c], acc[j]);
+    return hsum8(acc);
+}
+
+/* One weight row (those past the last whole tile or strip): one FMA chain, summed as tile_dots and block_dots
+ * sum theirs, so every path gives a row of x the same result. Slow (the chain's latency), and only for tails. */
+static float row_dot(const vec8 *x, const vec8 *w, int64_t chunks) {
+    vec8 acc = {0};
+    for (int64_t c = 0; c < chunks; c++) acc = fma8(x[c], w[c], acc);
+    return hsum_pairs(acc);
+}
+
+/* Tile t (TILE weight rows from row t * TILE) for every row of x; `add`: y += instead of y =. */
+static void project_tile(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
+                         int add) {
+    const int64_t chunks = k / LANES;
+    const vec8 *tile = (const vec8 *)(w + t * TILE * k);
+    for (int64_t i = 0; i < m; i++) {
+        vec8 dots = tile_dots((const vec8 *)(x + i * k), tile, chunks);
+        float *out = y + i * n + t * TILE;
+        if (add) dots += *(const vec8 *)out;
+        __builtin_memcpy(out, &dots, sizeof dots);
+    }
+}
+
+/* From 3 rows of x up, a step is bound by the arithmetic, not by reading w: register blocks of 3 weight rows x
+ * 4 rows of x (12 accumulators) need 7 loads for 12 FMAs, where a tile of 8 weight rows x 1 row needs 9 for 8
+ * and so waits on loads. A strip of 3 weight rows stays in L1 while every row of x passes it (from L2). */
+#define STRIP 3  /* weight rows per strip */
+#define BLOCK_ROWS 4 /* rows of x per register block */
+#define MIN_BLOCKED_ROWS 3 /* below this, 8-row tiles: 3 x 1 or 3 x 2 accumulators are too few FMA chains */
+
+/* v, loaded into a register: keeps GCC from folding the load into every FMA that uses v (one load each). */
+static inline __attribute__((always_inline)) vec8 in_register(vec8 v) {
+#if defined(__AVX__)
+    __asm__("" : "+x"(v));
+#endif
+    return v;
+}
+
+/* y[r, 0..STRIP) (+)= x[r] . w[0..STRIP) for `rows` (1..BLOCK_ROWS, a constant once inlined) rows of x. Each
+ * x vector is loaded once into a register and used for the three weight rows: 12 accumulators + 3 weight
+ * vectors + 1 x vector are the 16 AVX registers (left to itself, GCC reloaded the weights and folded a load of x
+ * into every FMA: 20 loads for 12 FMAs). */
+static inline __attribute__((always_inline)) void block_dots(const float *x, int64_t k, const float *w, float *y,
+                                                             int64_t n, int rows, int add) {
+    const int64_t chunks = k / LANES;
+    const vec8 *w0 = (const vec8 *)w, *w1 = w0 + chunks, *w2 = w1 + chunks;
+    const vec8 *x0 = (const vec8 *)x, *x1 = x0 + chunks, *x2 = x1 + chunks, *x3 = x2 + chunks;
+    vec8 a0 = {0}, b0 = {0}, c0 = {0}, a1 = {0}, b1 = {0}, c1 = {0}, a2 = {0}, b2 = {0}, c2 = {0};
+    vec8 a3 = {0}, b3 = {0}, c3 = {0};
+    for (int64_t c = 0; c < chunks; c++) {
+        const vec8 wa = in_register(w0[c]), wb = in_register(w1[c]), wc = in_register(w2[c]);
+        vec8 xv = in_register(x0[c]);
+        a0 = fma8(xv, wa, a0), b0 = fma8(xv, wb, b0), c0 = fma8(xv, wc, c0);
+        if (rows > 1) xv = in_register(x1[c]), a1 = fma8(xv, wa, a1), b1 = fma8(xv, wb, b1), c1 = fma8(xv, wc, c1);
+        if (rows > 2) xv = in_register(x2[c]), a2 = fma8(xv, wa, a2), b2 = fma8(xv, wb, b2), c2 = fma8(xv, wc, c2);
+        if (rows > 3) xv = in_register(x3[c]), a3 = fma8(xv, wa, a3), b3 = fma8(xv, wb, b3), c3 = fma8(xv, wc, c3);
+    }
+    const vec8 sums[BLOCK_ROWS][STRIP] = {{a0, b0, c0}, {a1, b1, c1}, {a2, b2, c2}, {a3, b3, c3}};
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < STRIP; j++) {
+            const float dot = hsum_pairs(sums[r][j]);
+            y[r * n + j] = add ? y[r * n + j] + dot : dot;
+        }
+}
+
+/* Strip s (STRIP weight rows from row s * STRIP) for every row of x, BLOCK_ROWS rows at a time. */
+static void project_strip(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t s,
+                          int add) {
+    const float *strip = w + s * STRIP * k;
+    float *out = y + s * STRIP;
+    int64_t i = 0;
+    for (; i + BLOCK_ROWS <= m; i += BLOCK_ROWS) block_dots(x + i * k, k, strip, out + i * n, n, BLOCK_ROWS, add);
+    switch (m - i) { /* constant row counts, so each copy keeps its accumulators in registers */
+    case 3: block_dots(x + i * k, k, strip, out + i * n, n, 3, add); break;
+    case 2: block_dots(x + i * k, k, strip, out + i * n, n, 2, add); break;
+    case 1: block_dots(x + i * k, k, strip, out + i * n, n, 1, add); break;
+    default: break;
+    }
+}
+
+/* The weight rows from `first` on, one at a time (those past the last whole tile or strip). */
+static void project_rest(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
+                         int add) {
+    for (int64_t r = first; r < n; r++)
+        for (int64_t i = 0; i < m; i++) {
+            const float dot = row_dot((const vec8 *)(x + i * k), (const vec8 *)(w + r * k), k / LANES);
+            y[i * n + r] = add ? y[i * n + r] + dot : dot;
+        }
+}
+
+/* y (m, n) = x (m, k) @ w.T, or y += x @ w.T with `add`; needs k % 8 == 0. The tiles (or strips) are shared
+ * among the threads of the enclosing OpenMP parallel region (an orphaned `omp for`, which ends in a barrier);
+ * called outside one, a single thread does them all. */
+static void project_rows(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int add) {
+    const int blocked = m >= MIN_BLOCKED_ROWS;
+    const int64_t width = blocked ? STRIP : TILE, parts = n / width;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t <= parts; t++) {
+        if (t == parts)
+            project_rest(x, w, y, m, k, n, parts * width, add);
+        else if (blocked)
+            project_strip(x, w, y, m, k, n, t, add);
+        else
+            project_tile(x, w, y, m, k, n, t, add);
+    }
+}
+
+#endif

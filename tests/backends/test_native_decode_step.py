@@ -1,0 +1,176 @@
+"""The fused C decode step (native/decode_step.c) against the NumPy forward it replaces for small decode steps:
+the logits, the K/V it writes to the paged cache, batch invariance, and the checks that guard the cache."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from backends.base import StepBatch
+from backends.manual_batch import SeqState, make_batch
+from backends.model.loader import LoadedModel, load_model
+from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.decode_step import NativeDecodeStep
+from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+TOL = 1e-4  # as the paged-forward tests: float32 summation order only
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """Another head shape: 4 query heads over 2 kv heads of 16 dims, hidden 64, feed-forward 128."""
+    return load_model(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", shape=TinyShape(ffn=128)))
+
+
+class Pair:
+    """The NumPy reference backend and the fused one, with the same paged cache."""
+
+    def __init__(self, model: LoadedModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
+        self.reference, self.fused = NumpyBackend(model, "numpy"), NumpyBackend(model, "native")
+        for backend in (self.reference, self.fused):
+            backend.init_cache(num_blocks, block_size)
+        self.block_size, self.num_blocks, self.rng = block_size, num_blocks, np.random.default_rng(seed)
+
+    def decode_batch(self, lens: list[int]) -> StepBatch:
+        """One decode token for each sequence, whose context (the new token included) is lens[i] long: the
+        reference prefills the rest (random tokens), the fused backend gets a copy of its cache. Block tables
+        are drawn at random from the whole pool."""
+        order = [int(b) for b in self.rng.permutation(self.num_blocks)]
+        seqs, taken = [], 0
+        for n in lens:
+            seqs.append(SeqState(blocks=order[taken : taken + -(-n // self.block_size)]))
+            taken += len(seqs[-1].blocks)
+            if n > 1:
+                self.reference.compute_logits(make_batch([seqs[-1]], [self.tokens(n - 1)], self.block_size))
+        for ref, fused in zip((*self.reference.cache.keys, *self.reference.cache.values),
+                              (*self.fused.cache.keys, *self.fused.cache.values), strict=True):
+            fused[...] = ref
+        return make_batch(seqs, [self.tokens(1) for _ in lens], self.block_size)
+
+    def tokens(self, n: int) -> list[int]:
+        return [int(t) for t in self.rng.integers(1, self.reference.model.config.vocab_size, n)]
+
+    def fused_calls(self, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+        """Records the row count of every call the fused backend makes to the C step."""
+        step = self.fused.forward.decode_step
+        assert step is not None
+        calls: list[int] = []
+        inner = step.run
+        monkeypatch.setattr(step, "run", lambda x, *args: (calls.append(len(x)), inner(x, *args))[1])
+        return calls
+
+
+def assert_same_step(pair: Pair, batch: StepBatch) -> None:
+    np.testing.assert_allclose(pair.fused.compute_logits(batch), pair.reference.compute_logits(batch), atol=TOL,
+                               rtol=0)
+    for name in ("keys", "values"):
+        for fused, ref in zip(getattr(pair.fused.cache, name), getattr(pair.reference.cache, name), strict=True):
+            np.testing.assert_allclose(fused, ref, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("lens", [[200], [1, 9, 16, 17, 100, 255, 33]], ids=["one", "seven"])
+def test_matches_numpy_forward(model: LoadedModel, monkeypatch: pytest.MonkeyPatch, block_size: int,
+                               lens: list[int]) -> None:
+    """The default model, sequences at mixed lengths (7 rows: a register block of 4 and 3 left over)."""
+    pair = Pair(model, 2048 // block_size, block_size)
+    calls = pair.fused_calls(monkeypatch)
+    assert_same_step(pair, pair.decode_batch(lens))
+    assert calls == [len(lens)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65])
+def test_other_head_shape_and_batch_sizes(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Group of 2, head_dim 16 (the unspecialised attention path); 65 rows take the per-layer path."""
+    pair = Pair(tiny, 1024, 4, seed=rows)
+    calls = pair.fused_calls(monkeypatch)
+    lens = [int(n) for n in pair.rng.integers(1, 60, rows)]
+    assert_same_step(pair, pair.decode_batch(lens))
+    assert calls == ([rows] if rows <= 64 else [])
+
+
+def test_a_rows_logits_do_not_depend_on_the_batch(tiny: LoadedModel) -> None:
+    """Bit for bit: the projections sum a row the same way for any row count, attention is per sequence."""
+    pair = Pair(tiny, 512, 8)
+    batch = pair.decode_batch([5, 40, 23, 7, 64, 12, 33])
+    together = pair.fused.compute_logits(batch)
+    for row in range(7):
+        alone = pair.fused.compute_logits(single_row(batch, row))
+        np.testing.assert_array_equal(alone[0], together[row])
+
+
+def single_row(batch: StepBatch, row: int) -> StepBatch:
+    """The step of `batch`'s decode row `row` alone."""
+    rows = slice(row, row + 1)
+    return replace(batch, seq_ids=batch.seq_ids[rows], token_ids=batch.token_ids[rows],
+                   positions=batch.positions[rows], slot_mapping=batch.slot_mapping[rows],
+                   query_start=np.array([0, 1], np.int32), context_lens=batch.context_lens[rows],
+                   block_tables=batch.block_tables[rows], sample_rows=np.array([0], np.int32), sampling=None)
+
+
+@pytest.fixture
+def step_and_cache(tiny: LoadedModel) -> Iterator[tuple[NativeDecodeStep, NumpyBackend]]:
+    backend = NumpyBackend(tiny, "native")
+    backend.init_cache(16, 4)
+    assert backend.forward.decode_step is not None
+    yield backend.forward.decode_step, backend
+
+
+def run_one(step: NativeDecodeStep, backend: NumpyBackend, slot: int, table: list[int], context: int) -> None:
+    cfg = backend.model.config
+    x = np.ones((1, cfg.hidden_size), np.float32)
+    angles = np.zeros((1, cfg.head_dim // 2), np.float32)
+    step.run(x, backend.cache, angles + 1, angles, np.array([slot]), np.array([table], np.int32),
+             np.array([context], np.int32))
+
+
+@pytest.mark.parametrize(("slot", "table", "context", "message"), [
+    (64, [0, 1], 5, "outside the cache"),  # 16 blocks of 4: slots 0..63
+    (5, [0, 16], 5, "outside the cache"),  # a block id past the pool
+    (5, [0, -1], 5, "outside the cache"),
+    (5, [0, 1], 9, "context length"),  # two blocks of 4 hold 8 tokens
+    (5, [0, 1], 0, "context length"),
+])
+def test_refuses_what_would_read_or_write_outside_the_cache(
+        step_and_cache: tuple[NativeDecodeStep, NumpyBackend], slot: int, table: list[int], context: int,
+        message: str) -> None:
+    step, backend = step_and_cache
+    before = [k.copy() for k in backend.cache.keys]
+    with pytest.raises(ValueError, match=message):
+        run_one(step, backend, slot, table, context)
+    assert all(np.array_equal(a, b) for a, b in zip(before, backend.cache.keys, strict=True))
+
+
+def test_a_padding_slot_is_not_stored(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+    step, backend = step_and_cache
+    run_one(step, backend, -1, [0, 1], 5)
+    assert not any(k.any() or v.any() for k, v in zip(backend.cache.keys, backend.cache.values, strict=True))
+    run_one(step, backend, 5, [0, 1], 6)
+    assert all(k.reshape(-1, k.shape[2] * k.shape[3])[5].any() for k in backend.cache.keys)
+
+
+def test_checks_its_inputs(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+    step, backend = step_and_cache
+    with pytest.raises(ValueError, match="one row each"):
+        step.run(np.ones((2, 64), np.float32), backend.cache, *[np.zeros((1, 8), np.float32)] * 2,
+                 np.array([1]), np.zeros((1, 2), np.int32), np.array([1], np.int32))
+    with pytest.raises(ValueError, match="writable float32"):
+        run_x = np.ones((1, 64), np.float64)
+        step.run(run_x, backend.cache, *[np.zeros((1, 8), np.float32)] * 2, np.array([1]),
+                 np.zeros((1, 2), np.int32), np.array([1], np.int32))
+
+
+def test_times_its_stages(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+    step, backend = step_and_cache
+    run_one(step, backend, 5, [0, 1], 6)
+    assert step.last_seconds.shape == (3,) and (step.last_seconds > 0).all()
