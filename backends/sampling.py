@@ -25,7 +25,7 @@ class SampleResult:
 
 
 def sample(xp: Any, logits: Any, params: SamplingInputs) -> SampleResult:
-    logits = apply_penalties(xp, logits.astype(xp.float32, copy=True), params)
+    logits = apply_penalties(xp, logits.astype(xp.float32, copy=False), params)  # never writes to `logits`
     logprobs = log_softmax(xp, logits) if params.want_logprobs or params.num_top_logprobs else None
     token_ids = xp.argmax(logits, axis=-1).astype(xp.int64)
     temperature = xp.asarray(params.temperature, dtype=xp.float32)
@@ -54,7 +54,8 @@ def top_logprobs(xp: Any, logprobs: Any, k: int) -> tuple[Any | None, Any | None
 
 
 def apply_penalties(xp: Any, logits: Any, p: SamplingInputs) -> Any:
-    """Repetition (prompt and output, multiplicative), then frequency and presence (output counts)."""
+    """Repetition (prompt and output, multiplicative), then frequency and presence (output counts). Returns a
+    new array when a penalty applies and `logits` itself when none does (no copy of a batch's logits)."""
     if p.repetition_penalty is not None and (p.prompt_token_ids is not None or p.output_token_ids is not None):
         seen = _token_counts(xp, logits.shape, p.prompt_token_ids, p.output_token_ids) > 0
         penalty = xp.asarray(p.repetition_penalty, dtype=xp.float32)[:, None]
@@ -63,12 +64,12 @@ def apply_penalties(xp: Any, logits: Any, p: SamplingInputs) -> Any:
     if p.output_token_ids is not None and (p.frequency_penalty is not None or p.presence_penalty is not None):
         counts = _token_counts(xp, logits.shape, p.output_token_ids)
         if p.frequency_penalty is not None:
-            logits -= xp.asarray(p.frequency_penalty, dtype=xp.float32)[:, None] * counts
+            logits = logits - xp.asarray(p.frequency_penalty, dtype=xp.float32)[:, None] * counts
         if p.presence_penalty is not None:
-            logits -= xp.asarray(p.presence_penalty, dtype=xp.float32)[:, None] * (counts > 0)
+            logits = logits - xp.asarray(p.presence_penalty, dtype=xp.float32)[:, None] * (counts > 0)
     if p.suppressed_token_ids is not None:
         mask = _token_counts(xp, logits.shape, p.suppressed_token_ids) > 0
-        logits[mask] = -xp.inf
+        logits = xp.where(mask, xp.float32(-xp.inf), logits)
     return logits
 
 

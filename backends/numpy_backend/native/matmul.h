@@ -51,6 +51,7 @@ static void project_tile(const float *x, const float *w, float *y, int64_t m, in
  * and so waits on loads. A strip of 3 weight rows stays in L1 while every row of x passes it (from L2). */
 #define STRIP 3  /* weight rows per strip */
 #define BLOCK_ROWS 4 /* rows of x per register block */
+#define GROUP 8 /* strips shared out together, and passed by each register block of x in turn */
 #define MIN_BLOCKED_ROWS 3 /* below this, 8-row tiles: 3 x 1 or 3 x 2 accumulators are too few FMA chains */
 
 /* v, loaded into a register: keeps GCC from folding the load into every FMA that uses v (one load each). */
@@ -81,31 +82,43 @@ static inline __attribute__((always_inline)) void block_dots(const float *x, int
         if (rows > 3) xv = in_register(x3[c]), a3 = fma8(xv, wa, a3), b3 = fma8(xv, wb, b3), c3 = fma8(xv, wc, c3);
     }
     const vec8 sums[BLOCK_ROWS][STRIP] = {{a0, b0, c0}, {a1, b1, c1}, {a2, b2, c2}, {a3, b3, c3}};
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < STRIP; j++) {
-            const float dot = hsum_pairs(sums[r][j]);
-            y[r * n + j] = add ? y[r * n + j] + dot : dot;
-        }
-}
-
-/* Strip s (STRIP weight rows from row s * STRIP) for every row of x, BLOCK_ROWS rows at a time. */
-static void project_strip(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t s,
-                          int add) {
-    const float *strip = w + s * STRIP * k;
-    float *out = y + s * STRIP;
-    int64_t i = 0;
-    for (; i + BLOCK_ROWS <= m; i += BLOCK_ROWS) block_dots(x + i * k, k, strip, out + i * n, n, BLOCK_ROWS, add);
-    switch (m - i) { /* constant row counts, so each copy keeps its accumulators in registers */
-    case 3: block_dots(x + i * k, k, strip, out + i * n, n, 3, add); break;
-    case 2: block_dots(x + i * k, k, strip, out + i * n, n, 2, add); break;
-    case 1: block_dots(x + i * k, k, strip, out + i * n, n, 1, add); break;
-    default: break;
+    for (int r = 0; r < rows; r++) {
+        float dots[4];
+        hsum4(sums[r][0], sums[r][1], sums[r][2], sums[r][2], dots);
+        for (int j = 0; j < STRIP; j++) y[r * n + j] = add ? y[r * n + j] + dots[j] : dots[j];
     }
 }
 
-/* The weight rows from `first` on, one at a time (those past the last whole tile or strip). */
+/* One register block of `rows` (1..BLOCK_ROWS) rows of x against one strip, with a constant row count for
+ * block_dots, so each copy keeps its accumulators in registers. */
+static void block_dots_rows(const float *x, int64_t k, const float *strip, float *y, int64_t n, int64_t rows,
+                            int add) {
+    switch (rows) {
+    case 4: block_dots(x, k, strip, y, n, 4, add); break;
+    case 3: block_dots(x, k, strip, y, n, 3, add); break;
+    case 2: block_dots(x, k, strip, y, n, 2, add); break;
+    default: block_dots(x, k, strip, y, n, 1, add); break;
+    }
+}
+
+/* Strips first .. first + count - 1 for every row of x: each register block of x rows passes all the group's
+ * strips while it is in L1, and the group's weights (GROUP strips) stay in L2 for the next block. */
+static void project_strips(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n,
+                           int64_t first, int64_t count, int add) {
+    for (int64_t i = 0; i < m; i += BLOCK_ROWS)
+        for (int64_t s = first; s < first + count; s++)
+            block_dots_rows(x + i * k, k, w + s * STRIP * k, y + i * n + s * STRIP, n,
+                            m - i < BLOCK_ROWS ? m - i : BLOCK_ROWS, add);
+}
+
+/* The weight rows from `first` on (those past the last whole tile or group of strips): whole strips, then one
+ * row at a time. */
 static void project_rest(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
-                         int add) {
+                         int add, int blocked) {
+    if (blocked) {
+        project_strips(x, w, y, m, k, n, first / STRIP, (n - first) / STRIP, add);
+        first += (n - first) / STRIP * STRIP;
+    }
     for (int64_t r = first; r < n; r++)
         for (int64_t i = 0; i < m; i++) {
             const float dot = row_dot((const vec8 *)(x + i * k), (const vec8 *)(w + r * k), k / LANES);
@@ -118,13 +131,13 @@ static void project_rest(const float *x, const float *w, float *y, int64_t m, in
  * called outside one, a single thread does them all. */
 static void project_rows(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int add) {
     const int blocked = m >= MIN_BLOCKED_ROWS;
-    const int64_t width = blocked ? STRIP : TILE, parts = n / width;
+    const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t <= parts; t++) {
         if (t == parts)
-            project_rest(x, w, y, m, k, n, parts * width, add);
+            project_rest(x, w, y, m, k, n, parts * width, add, blocked);
         else if (blocked)
-            project_strip(x, w, y, m, k, n, t, add);
+            project_strips(x, w, y, m, k, n, t * GROUP, GROUP, add);
         else
             project_tile(x, w, y, m, k, n, t, add);
     }

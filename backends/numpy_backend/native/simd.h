@@ -36,7 +36,17 @@ static inline vec8 hsum8(const vec8 *v) {
                                      _mm256_hadd_ps((__m256)v[6], (__m256)v[7]));
     return (vec8)_mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
+
+/* The lane sums of a, b, c, d (in hsum_pairs' order): one row of x against a strip of weight rows. */
+static inline void hsum4(vec8 a, vec8 b, vec8 c, vec8 d, float *out) {
+    const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps((__m256)a, (__m256)b), _mm256_hadd_ps((__m256)c, (__m256)d));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+}
 #else
+static inline void hsum4(vec8 a, vec8 b, vec8 c, vec8 d, float *out) {
+    out[0] = hsum_pairs(a), out[1] = hsum_pairs(b), out[2] = hsum_pairs(c), out[3] = hsum_pairs(d);
+}
+
 static inline vec8 hsum8(const vec8 *v) {
     vec8 r;
     for (int j = 0; j < LANES; j++) r[j] = hsum_pairs(v[j]);
