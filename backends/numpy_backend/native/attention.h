@@ -203,6 +203,14 @@ static void attend_dispatch(const DecodeShape *s, const float *k_layer, const fl
     attend_core(s, k_layer, v_layer, table, ctx, group, chunks, w);
 }
 
+/* Prefetches the whole first block of a sequence's K or V rows (up to ctx of them): the hardware prefetcher
+ * has nothing to go on at a sequence's start, and each start would otherwise wait on memory line by line. */
+static void prefetch_first_block(const DecodeShape *s, const float *layer, const int32_t *table, int64_t ctx) {
+    const int64_t rows = ctx < s->block_size ? ctx : s->block_size, row = s->kv_heads * s->head_dim;
+    const char *first = (const char *)(layer + (int64_t)table[0] * s->block_size * row);
+    for (int64_t byte = 0; byte < rows * row * (int64_t)sizeof(float); byte += 64) __builtin_prefetch(first + byte);
+}
+
 static void attend_sequence(const DecodeShape *s, const float *q, const float *k_layer, const float *v_layer,
                             const int32_t *table, int64_t ctx, float *out, Scratch *w) {
     const int64_t width = s->heads * s->head_dim;
@@ -210,6 +218,8 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
         for (int64_t i = 0; i < width; i++) out[i] = 0.0f;
         return;
     }
+    prefetch_first_block(s, k_layer, table, ctx);
+    prefetch_first_block(s, v_layer, table, ctx);
     for (int64_t i = 0; i < width; i++) w->q[i / LANES][i % LANES] = q[i];
     attend_dispatch(s, k_layer, v_layer, table, ctx, w);
     for (int64_t h = 0; h < s->heads; h++)
