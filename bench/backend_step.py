@@ -28,7 +28,7 @@ import backends.numpy_backend.model as model_module
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.decode_step import STAGES
+from backends.numpy_backend.native.fused_step import STAGES
 from backends.numpy_backend.native.matmul import MAX_ROWS
 from backends.numpy_backend.process_env import DEFAULTS, reexec_with_defaults
 
@@ -81,7 +81,7 @@ def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> tup
     seqs = [SeqState(blocks=list(range(i * per_seq, (i + 1) * per_seq)), tokens=[7] * (CONTEXT - 1))
             for i in range(batch)]
     timer.seconds = 0.0
-    fused = backend.forward.decode_step
+    fused = backend.forward.fused_step
     if fused is not None:
         fused.last_seconds[:] = 0.0
     step = _timed(lambda: backend.execute(make_batch(seqs, [[11]] * batch, BLOCK)))
@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     floor = streamed / bandwidth
     env = {name: os.environ.get(name, "(unset)") for name in ("OPENBLAS_CORETYPE", *DEFAULTS)}
     print(f"BLAS: {blas_description()}; " + " ".join(f"{k}={v}" for k, v in env.items()))
-    fused = backend.forward.decode_step
+    fused = backend.forward.fused_step
     print(f"decode attention: {getattr(backend.forward.decode_attention, '__qualname__', '?')}; projections: "
           f"{getattr(backend.forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); "
-          f"fused C decode step: {f'up to {fused.max_rows} rows' if fused else 'off'}")
+          f"fused C step: {f'up to {fused.max_rows} rows' if fused else 'off'}")
     print(f"model load: {model.load_seconds:.2f} s; weights streamed per decode step: {streamed / 1e6:.0f} MB")
     print(f"copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> weight-streaming time {floor * 1e3:.1f} ms")
     print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")

@@ -1,5 +1,5 @@
 """Which kernels the NumPy backend runs: the C kernels (decode attention, decode-step projections, the fused
-decode step), or the NumPy references. Each is chosen on its own, so one that cannot be built or loaded costs
+small step), or the NumPy references. Each is chosen on its own, so one that cannot be built or loaded costs
 only itself."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import DecodeAttention, decode_attention
 from backends.numpy_backend.native.build import KernelBuildError
-from backends.numpy_backend.native.decode_step import NativeDecodeStep
+from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
 
@@ -26,7 +26,7 @@ K = TypeVar("K")
 class CpuKernels:
     decode_attention: DecodeAttention
     project: Projection  # x @ w.T
-    decode_step: NativeDecodeStep | None = None  # a small all-decode step in one call; None: layer by layer
+    fused_step: NativeFusedStep | None = None  # a small step in one call; None: layer by layer
 
 
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> CpuKernels:
@@ -35,7 +35,7 @@ def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> Cpu
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
     return CpuKernels(_attention(mode, config), _native(mode, "projection", lambda: NativeMatmul().project,
-                                                        numpy_project), _decode_step(mode, config, weights))
+                                                        numpy_project), _fused_step(mode, config, weights))
 
 
 def _attention(mode: str, config: ModelConfig) -> DecodeAttention:
@@ -49,11 +49,11 @@ def _attention(mode: str, config: ModelConfig) -> DecodeAttention:
     return attention
 
 
-def _decode_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeDecodeStep | None:
-    if NativeDecodeStep.supports(config):
-        return _native(mode, "decode step", lambda: NativeDecodeStep(config, weights), None)
+def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeFusedStep | None:
+    if NativeFusedStep.supports(config):
+        return _native(mode, "fused step", lambda: NativeFusedStep(config, weights), None)
     if mode == "native":
-        raise BackendError("the fused C decode step does not support this model's shape")
+        raise BackendError("the fused C step does not support this model's shape")
     return None
 
 

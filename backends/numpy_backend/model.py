@@ -12,7 +12,7 @@ from backends.model.weights import LayerWeights, ModelWeights
 from backends.numpy_backend.attention import AttentionLayout, DecodeAttention, decode_attention, paged_attention
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.layers import RopeTable, rms_norm, rotate, silu_mul
-from backends.numpy_backend.native.decode_step import NativeDecodeStep
+from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.matmul import Projection, numpy_project
 
 
@@ -28,27 +28,37 @@ class StepContext:
 class LlamaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights,
                  decode_attention: DecodeAttention = decode_attention, project: Projection = numpy_project,
-                 decode_step: NativeDecodeStep | None = None) -> None:
+                 fused_step: NativeFusedStep | None = None) -> None:
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
         self.project = project  # x @ w.T, for every weight matrix
-        self.decode_step = decode_step  # every layer of a small all-decode step in one C call, when built
+        self.fused_step = fused_step  # every layer of a small step in one C call, when built
         self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
         """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
         x = self.weights.embedding[batch.token_ids]
         step = StepContext(AttentionLayout.of(batch.query_start), *self.rope.at(batch.positions))
-        if self.decode_step is not None and step.layout.all_decode and self.decode_step.fits(len(x)):
-            half = self.config.head_dim // 2
-            self.decode_step.run(x, cache, step.cos.reshape(-1, half), step.sin.reshape(-1, half),
-                                 batch.slot_mapping, batch.block_tables, batch.context_lens)
+        if self.fused_step is not None and self.fused_step.fits(len(x)):
+            self._fused(x, batch, step, cache)
             return x
         for index, layer in enumerate(self.weights.layers):
             x = x + self._attention(index, layer, x, batch, step, cache)
             x = x + self._mlp(layer, x)
         return x
+
+    def _fused(self, x: np.ndarray, batch: StepBatch, step: StepContext, cache: PagedKVCache) -> None:
+        """The step in one C call, a row per token: a chunk's tokens take their sequence's block table and
+        attend up to their own positions."""
+        assert self.fused_step is not None
+        tables, lengths = batch.block_tables, batch.context_lens
+        if not step.layout.all_decode:
+            seq_of_token = np.repeat(np.arange(len(tables)), np.diff(batch.query_start))
+            tables, lengths = tables[seq_of_token], batch.positions + 1
+        half = self.config.head_dim // 2
+        self.fused_step.run(x, cache, step.cos.reshape(-1, half), step.sin.reshape(-1, half), batch.slot_mapping,
+                            tables, lengths)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""

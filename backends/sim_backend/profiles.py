@@ -39,13 +39,14 @@ class HardwareProfile:
 PROFILES: dict[str, HardwareProfile] = {
     # Infinite bandwidth and FLOPs, no overhead: instant steps (scheduler micro-benchmarks, service tests).
     "zero": HardwareProfile("zero", math.inf, math.inf, dtype_bytes=2),
-    # This 2-vCPU machine running the NumPy float32 model (C decode kernels, OpenBLAS sgemm for larger
-    # batches). Measured on a quiet host (docs/PERFORMANCE.md): copy bandwidth 30-35 GB/s, a 2048^3 sgemm
-    # 107 GFLOP/s; the model's decode step 26-28 ms at batch 1, 54-56 at 8, 167-180 at 32, 228-256 at 64 (256
-    # context), prefill 290-315 tokens/s. With 80 % of the bandwidth, 60 % of the sgemm rate and 5 ms of
-    # Python per step (30 layers of NumPy glue), this roofline gives 26, 41, 148, 291 ms and 278 tokens/s.
-    "cpu": HardwareProfile("cpu", 32e9, 107e9, dtype_bytes=4, bandwidth_efficiency=0.8, flops_efficiency=0.6,
-                           overhead_s=5e-3),
+    # This 2-vCPU machine running the NumPy float32 model (its fused C decode step up to 64 rows, OpenBLAS sgemm
+    # for prefill). Measured on a quiet host (docs/PERFORMANCE.md): copy bandwidth 32-36 GB/s, two cores' FMA
+    # peak 154 GFLOP/s; the model's decode step 19-22 ms at batch 1, 37-40 at 8, 94-106 at 32, 169-184 at 64
+    # (256 context), prefill 375-399 tokens/s. With 90 % of the bandwidth, 65 % of the FMA peak and 1 ms of
+    # Python per step, this roofline gives 20, 24, 93, 184 ms and 434 tokens/s: right at both ends, 37 % under
+    # at batch 8, where a real step is neither purely memory- nor compute-bound.
+    "cpu": HardwareProfile("cpu", 32e9, 154e9, dtype_bytes=4, bandwidth_efficiency=0.9, flops_efficiency=0.65,
+                           overhead_s=1e-3),
     # A100 SXM 80 GB: 2.0 TB/s HBM2e, 312 TFLOP/s dense bf16. Decode kernels reach ~80 % of HBM bandwidth and
     # large GEMMs ~60 % of peak; ~1.5 ms per step of launches and copies without CUDA graphs.
     "a100": HardwareProfile("a100", 2.0e12, 312e12, dtype_bytes=2, bandwidth_efficiency=0.8,

@@ -17,7 +17,7 @@ from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import decode_attention
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, KernelBuildError, build_library
-from backends.numpy_backend.native.decode_step import NativeDecodeStep
+from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
 
@@ -88,7 +88,7 @@ def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 
-@pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c", "decode_step.c"])
+@pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c", "fused_step.c"])
 @pytest.mark.parametrize("openmp", [("-Wno-unknown-pragmas",), OPENMP])  # without OpenMP its pragmas are unknown
 def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: tuple[str, ...]) -> None:
     done = subprocess.run(["cc", *FLAGS, *openmp, "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "x.so"),
@@ -153,7 +153,7 @@ def test_a_library_that_will_not_load_falls_back(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr("backends.numpy_backend.kernel_choice.NativeMatmul", refuse)
     kernels = choose_kernels("auto", *model_of(64))
-    assert kernels.project is numpy_project and kernels.decode_step is not None
+    assert kernels.project is numpy_project and kernels.fused_step is not None
     assert getattr(kernels.decode_attention, "__self__", None).__class__ is NativeAttention
     with pytest.raises(BackendError, match="did not build or load"):
         choose_kernels("native", *model_of(64))
@@ -162,21 +162,21 @@ def test_a_library_that_will_not_load_falls_back(monkeypatch: pytest.MonkeyPatch
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     reference = choose_kernels("numpy", *model_of(64))
     assert reference.decode_attention is decode_attention and reference.project is numpy_project
-    assert reference.decode_step is None
+    assert reference.fused_step is None
     native = choose_kernels("native", *model_of(64))
     assert getattr(native.decode_attention, "__self__", None).__class__ is NativeAttention
     assert getattr(native.project, "__self__", None).__class__ is NativeMatmul
-    assert isinstance(native.decode_step, NativeDecodeStep)
+    assert isinstance(native.fused_step, NativeFusedStep)
     shape_not_done = choose_kernels("auto", *model_of(12))  # attention and the fused step do not do it; matmul does
     assert shape_not_done.decode_attention is decode_attention and shape_not_done.project is not numpy_project
-    assert shape_not_done.decode_step is None
+    assert shape_not_done.fused_step is None
     with pytest.raises(BackendError, match="does not support"):
         choose_kernels("native", *model_of(12))
     monkeypatch.setenv("CC", "no-such-compiler-here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
         assert choose_kernels("auto", *model_of(64)) == reference
-    for what in ("attention", "projection", "decode step"):
+    for what in ("attention", "projection", "fused step"):
         assert f"C {what} kernel unavailable" in caplog.text
     with pytest.raises(BackendError, match="did not build"):
         choose_kernels("native", *model_of(64))

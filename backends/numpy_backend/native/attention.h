@@ -1,5 +1,5 @@
 /* Decode attention over the paged KV cache, for the NumPy backend on the CPU: the per-sequence pieces, shared
- * by the standalone kernel (paged_attention.c) and the fused decode step (decode_step.c).
+ * by the standalone kernel (paged_attention.c) and the fused step (fused_step.c).
  *
  * One query token per sequence. The NumPy reference (attention.decode_attention) gathers every sequence's
  * blocks into a padded copy and runs two batched matmuls; here each (sequence, kv head) pair reads its keys

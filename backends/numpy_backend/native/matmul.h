@@ -1,5 +1,5 @@
 /* y = x @ w.T for the few rows of a decode step: the tile loop shared by the standalone projection kernel
- * (matmul_rows.c) and the fused decode step (decode_step.c).
+ * (matmul_rows.c) and the fused step (fused_step.c).
  *
  * x: (m, k) activations, m small (one row per decoding sequence); w: (n, k) a weight matrix as stored, rows
  * contiguous; y: (m, n). A decode step is bound by reading the weights once, so w is streamed exactly once:

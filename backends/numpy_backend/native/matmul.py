@@ -18,7 +18,7 @@ Projection = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) -> x @ w.T
 LANES = 8  # k must be a multiple of this (matmul_rows.c's LANES)
 # Up to this many rows the C kernel is at least as fast as OpenBLAS GEMM here (the 113 MB output head: 64 rows
 # 31.7 vs 32.2 ms; 32 rows 18.2 vs 26.0 ms), and only it gives a row the same result in any batch; see
-# docs/PERFORMANCE.md. The fused decode step (decode_step.py) takes steps up to the same size.
+# docs/PERFORMANCE.md. The fused step (fused_step.py) takes steps of up to as many tokens.
 MAX_ROWS = 64
 
 

@@ -1,5 +1,5 @@
 /* y = x @ w.T for the few rows of a decode step, for the NumPy backend on the CPU (the tile loop is in
- * matmul.h, shared with the fused decode step).
+ * matmul.h, shared with the fused step).
  *
  * The reference is NumPy's `x @ w.T` (tests/backends/test_native_matmul.py); results differ from it only by
  * float32 summation order. The tiles are split across OpenMP threads; built without OpenMP, one thread.

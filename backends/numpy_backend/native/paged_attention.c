@@ -1,7 +1,7 @@
 /* Decode attention over the paged KV cache, for the NumPy backend on the CPU: one call per layer.
  *
  * The reference is attention.decode_attention (NumPy); the per-sequence work is in attention.h, shared with
- * the fused decode step. */
+ * the fused step. */
 #include "attention.h"
 
 /* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.

@@ -1,5 +1,6 @@
-"""The fused C decode step (native/decode_step.c) against the NumPy forward it replaces for small decode steps:
-the logits, the K/V it writes to the paged cache, batch invariance, and the checks that guard the cache."""
+"""The fused C step (native/fused_step.c) against the NumPy forward it replaces for small steps (decode tokens
+and short prefill chunks): the logits, the K/V it writes to the paged cache, batch invariance, and the checks
+that guard the cache."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from backends.base import StepBatch
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.decode_step import NativeDecodeStep
+from backends.numpy_backend.native.fused_step import NativeFusedStep
 from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -42,27 +43,31 @@ class Pair:
         self.block_size, self.num_blocks, self.rng = block_size, num_blocks, np.random.default_rng(seed)
 
     def decode_batch(self, lens: list[int]) -> StepBatch:
-        """One decode token for each sequence, whose context (the new token included) is lens[i] long: the
-        reference prefills the rest (random tokens), the fused backend gets a copy of its cache. Block tables
-        are drawn at random from the whole pool."""
+        """One decode token for each sequence, whose context (the new token included) is lens[i] long."""
+        return self.step_batch([n - 1 for n in lens], [1] * len(lens))
+
+    def step_batch(self, prefixes: list[int], chunks: list[int]) -> StepBatch:
+        """A step in which sequence i, with prefixes[i] tokens already cached, processes chunks[i] new ones
+        (random tokens): the reference prefills the prefixes, the fused backend gets a copy of its cache. Block
+        tables are drawn at random from the whole pool."""
         order = [int(b) for b in self.rng.permutation(self.num_blocks)]
         seqs, taken = [], 0
-        for n in lens:
-            seqs.append(SeqState(blocks=order[taken : taken + -(-n // self.block_size)]))
+        for prefix, chunk in zip(prefixes, chunks, strict=True):
+            seqs.append(SeqState(blocks=order[taken : taken + -(-(prefix + chunk) // self.block_size)]))
             taken += len(seqs[-1].blocks)
-            if n > 1:
-                self.reference.compute_logits(make_batch([seqs[-1]], [self.tokens(n - 1)], self.block_size))
+            if prefix:
+                self.reference.compute_logits(make_batch([seqs[-1]], [self.tokens(prefix)], self.block_size))
         for ref, fused in zip((*self.reference.cache.keys, *self.reference.cache.values),
                               (*self.fused.cache.keys, *self.fused.cache.values), strict=True):
             fused[...] = ref
-        return make_batch(seqs, [self.tokens(1) for _ in lens], self.block_size)
+        return make_batch(seqs, [self.tokens(c) for c in chunks], self.block_size)
 
     def tokens(self, n: int) -> list[int]:
         return [int(t) for t in self.rng.integers(1, self.reference.model.config.vocab_size, n)]
 
     def fused_calls(self, monkeypatch: pytest.MonkeyPatch) -> list[int]:
         """Records the row count of every call the fused backend makes to the C step."""
-        step = self.fused.forward.decode_step
+        step = self.fused.forward.fused_step
         assert step is not None
         calls: list[int] = []
         inner = step.run
@@ -87,6 +92,24 @@ def test_matches_numpy_forward(model: LoadedModel, monkeypatch: pytest.MonkeyPat
     calls = pair.fused_calls(monkeypatch)
     assert_same_step(pair, pair.decode_batch(lens))
     assert calls == [len(lens)]
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_prefill_chunks_and_decodes_in_one_step(model: LoadedModel, monkeypatch: pytest.MonkeyPatch,
+                                                block_size: int) -> None:
+    """A decode, a chunk continuing a cached prefix, a whole new prompt and another decode: 29 rows, each chunk
+    token attending to its sequence's cache up to its own position."""
+    pair = Pair(model, 1024 // block_size, block_size)
+    calls = pair.fused_calls(monkeypatch)
+    assert_same_step(pair, pair.step_batch([40, 17, 0, 100], [1, 7, 20, 1]))
+    assert calls == [29]
+
+
+def test_a_long_prompt_takes_the_per_layer_path(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = Pair(tiny, 256, 4)
+    calls = pair.fused_calls(monkeypatch)
+    assert_same_step(pair, pair.step_batch([0, 3], [64, 1]))  # 65 rows
+    assert calls == []
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65])
@@ -119,14 +142,14 @@ def single_row(batch: StepBatch, row: int) -> StepBatch:
 
 
 @pytest.fixture
-def step_and_cache(tiny: LoadedModel) -> Iterator[tuple[NativeDecodeStep, NumpyBackend]]:
+def step_and_cache(tiny: LoadedModel) -> Iterator[tuple[NativeFusedStep, NumpyBackend]]:
     backend = NumpyBackend(tiny, "native")
     backend.init_cache(16, 4)
-    assert backend.forward.decode_step is not None
-    yield backend.forward.decode_step, backend
+    assert backend.forward.fused_step is not None
+    yield backend.forward.fused_step, backend
 
 
-def run_one(step: NativeDecodeStep, backend: NumpyBackend, slot: int, table: list[int], context: int) -> None:
+def run_one(step: NativeFusedStep, backend: NumpyBackend, slot: int, table: list[int], context: int) -> None:
     cfg = backend.model.config
     x = np.ones((1, cfg.hidden_size), np.float32)
     angles = np.zeros((1, cfg.head_dim // 2), np.float32)
@@ -142,7 +165,7 @@ def run_one(step: NativeDecodeStep, backend: NumpyBackend, slot: int, table: lis
     (5, [0, 1], 0, "context length"),
 ])
 def test_refuses_what_would_read_or_write_outside_the_cache(
-        step_and_cache: tuple[NativeDecodeStep, NumpyBackend], slot: int, table: list[int], context: int,
+        step_and_cache: tuple[NativeFusedStep, NumpyBackend], slot: int, table: list[int], context: int,
         message: str) -> None:
     step, backend = step_and_cache
     before = [k.copy() for k in backend.cache.keys]
@@ -151,7 +174,7 @@ def test_refuses_what_would_read_or_write_outside_the_cache(
     assert all(np.array_equal(a, b) for a, b in zip(before, backend.cache.keys, strict=True))
 
 
-def test_a_padding_slot_is_not_stored(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+def test_a_padding_slot_is_not_stored(step_and_cache: tuple[NativeFusedStep, NumpyBackend]) -> None:
     step, backend = step_and_cache
     run_one(step, backend, -1, [0, 1], 5)
     assert not any(k.any() or v.any() for k, v in zip(backend.cache.keys, backend.cache.values, strict=True))
@@ -159,7 +182,7 @@ def test_a_padding_slot_is_not_stored(step_and_cache: tuple[NativeDecodeStep, Nu
     assert all(k.reshape(-1, k.shape[2] * k.shape[3])[5].any() for k in backend.cache.keys)
 
 
-def test_checks_its_inputs(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+def test_checks_its_inputs(step_and_cache: tuple[NativeFusedStep, NumpyBackend]) -> None:
     step, backend = step_and_cache
     with pytest.raises(ValueError, match="one row each"):
         step.run(np.ones((2, 64), np.float32), backend.cache, *[np.zeros((1, 8), np.float32)] * 2,
@@ -170,7 +193,7 @@ def test_checks_its_inputs(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]
                  np.zeros((1, 2), np.int32), np.array([1], np.int32))
 
 
-def test_times_its_stages(step_and_cache: tuple[NativeDecodeStep, NumpyBackend]) -> None:
+def test_times_its_stages(step_and_cache: tuple[NativeFusedStep, NumpyBackend]) -> None:
     step, backend = step_and_cache
     run_one(step, backend, 5, [0, 1], 6)
     assert step.last_seconds.shape == (3,) and (step.last_seconds > 0).all()

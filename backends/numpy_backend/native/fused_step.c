@@ -1,9 +1,11 @@
-/* A whole decode step of a Llama model on the CPU, every layer in one call, for the NumPy backend.
+/* A whole small step of a Llama model on the CPU, every layer in one call, for the NumPy backend.
  *
- * For a step of single-token rows (one per decoding sequence) the per-layer work besides the projections
- * (RMSNorm, RoPE, the KV write, SwiGLU, residual adds) is a few microseconds of arithmetic, but as NumPy calls
- * from Python it cost 4-6 ms a step, and every projection started and stopped the thread team, leaving the
- * memory bus idle between matrices. Here all layers run in one OpenMP parallel region: the threads share out
+ * Every token of the step is a row: a decoding sequence's one token, or each token of a short prefill chunk,
+ * which attends to the cache up to its own position (the chunk's K and V are all stored before attention, so
+ * that is its causal mask). For such a step the per-layer work besides the projections (RMSNorm, RoPE, the KV
+ * write, SwiGLU, residual adds) is a few microseconds of arithmetic, but as NumPy calls from Python it cost
+ * 4-6 ms a step, and every projection started and stopped the thread team, leaving the memory bus idle
+ * between matrices. Here all layers run in one OpenMP parallel region: the threads share out
  * each projection's weight tiles (matmul.h) and the sequences' attention (attention.h), and meet at a barrier
  * between the stages.
  *
@@ -46,11 +48,12 @@ typedef struct { /* one layer's weights (matrices (out, in) as stored) and its K
     float *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim) */
 } LayerRefs;
 
-typedef struct { /* the step's rows: one new token per sequence */
+typedef struct { /* the step's rows: one per token */
     int64_t rows, table_stride;
     const float *cos, *sin;  /* (rows, head_dim / 2): the RoPE angles of each row's position */
-    const int64_t *slots;    /* (rows,) flat KV slot of the new token; negative: padding, not stored */
-    const int32_t *block_tables, *context_lens; /* (rows, table_stride), (rows,) including the new token */
+    const int64_t *slots;    /* (rows,) flat KV slot of the token; negative: padding, not stored */
+    const int32_t *block_tables, *context_lens; /* (rows, table_stride): its sequence's table; (rows,): the
+                                                   tokens it attends to, itself included (position + 1) */
 } StepRows;
 
 typedef struct { /* activations, (rows, width) each */
@@ -207,7 +210,7 @@ static Scratch *alloc_scratch(const ModelShape *m, int64_t max_ctx, int threads)
  * the new K and V of every layer are written to their slots. seconds[TIME_PARTS] gets the time spent in the
  * projections, the attention and the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported
  * shape; -3 a context length outside 1..table_stride * block_size; -5 a slot or block outside the cache. */
-int decode_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds) {
+int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds) {
     int64_t total;
     for (int part = 0; part < TIME_PARTS; part++) seconds[part] = 0.0;
     if (check_shape(m) != 0) return -2;

@@ -1,7 +1,8 @@
-"""ctypes binding of decode_step.c: a whole decode step (every layer) in one C call.
+"""ctypes binding of fused_step.c: a whole small step (every layer) in one C call.
 
-Used for steps whose rows are all single decode tokens and few enough for the C projection kernel; any other
-step (prefill chunks, large batches) runs the per-layer path in model.py."""
+Used for steps with few enough tokens for the C projection kernel: decode tokens and short prefill chunks,
+each token a row that attends to its sequence's cache up to its own position. Larger steps (long prefills,
+big batches) run the per-layer path in model.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 _ERRORS = {-1: "out of memory", -2: "unsupported model shape", -3: "context length outside its block table",
            -5: "KV slot or block outside the cache"}
-STAGES = ("projections", "attention", "other")  # decode_step.c's TIME_* order
+STAGES = ("projections", "attention", "other")  # fused_step.c's TIME_* order
 _LAYER_ARRAYS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
 
 
@@ -38,13 +39,13 @@ class _StepRows(ctypes.Structure):
         (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens")]
 
 
-class NativeDecodeStep:
-    """`run(x, cache, ...)`: every layer of a decode step on x (rows, hidden) in place, writing the KV cache."""
+class NativeFusedStep:
+    """`run(x, cache, ...)`: every layer of a small step on x (tokens, hidden) in place, writing the KV cache."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int = MAX_ROWS,
                  cache_dir: Path | None = None) -> None:
-        self.library_path = build_library(SOURCE_DIR / "decode_step.c", cache_dir)
-        self._fn = ctypes.CDLL(str(self.library_path)).decode_step_f32
+        self.library_path = build_library(SOURCE_DIR / "fused_step.c", cache_dir)
+        self._fn = ctypes.CDLL(str(self.library_path)).fused_step_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P]
         self.config, self.weights, self.max_rows = config, weights, max_rows
@@ -62,8 +63,9 @@ class NativeDecodeStep:
 
     def run(self, x: np.ndarray, cache: PagedKVCache, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
             block_tables: np.ndarray, context_lens: np.ndarray) -> None:
-        """x (rows, hidden) float32: token embeddings in, final hidden states out. cos, sin: (rows, head_dim/2)
-        angles of each row's position; slots, block_tables, context_lens as in StepBatch."""
+        """x (rows, hidden) float32: token embeddings in, final hidden states out. Per row (token): cos, sin
+        (rows, head_dim/2) the angles of its position, its KV slot, its sequence's block table, and how many
+        tokens it attends to (its position + 1)."""
         _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
                  and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
         shape, layers = self._bind(cache)
@@ -73,7 +75,7 @@ class NativeDecodeStep:
         rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep))
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data, self.last_seconds.ctypes.data)
         if status != 0:
-            raise (MemoryError if status == -1 else ValueError)(f"native decode step: {_ERRORS.get(status, status)}")
+            raise (MemoryError if status == -1 else ValueError)(f"native fused step: {_ERRORS.get(status, status)}")
 
     def _bind(self, cache: PagedKVCache) -> tuple[_ModelShape, ctypes.Array[_LayerRefs]]:
         """The model shape and per-layer pointers for this cache, built once per cache."""
@@ -103,4 +105,4 @@ def _c(a: np.ndarray, dtype: type) -> np.ndarray:
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
-        raise ValueError(f"native decode step: {message}")
+        raise ValueError(f"native fused step: {message}")
