@@ -146,14 +146,24 @@ static void softmax_rows(float *scores, int64_t heads, int64_t ctx, float *inv_s
     for (int64_t h = 0; h < heads; h++) inv_sums[h] = 1.0f / exp_and_sum(scores + h * ctx, ctx);
 }
 
+/* Prefetches one token row (kv_heads * head_dim floats) into L2. */
+static inline void prefetch_row(const float *row, int64_t floats) {
+    for (int64_t byte = 0; byte < floats * (int64_t)sizeof(float); byte += 64)
+        __builtin_prefetch((const char *)row + byte, 0, 2);
+}
+
 /* acc (heads * chunks vectors) = probs @ V for one sequence, in one pass over the value rows: each row is read
  * once, for every query head, into accumulators that stay in L1 (heads * head_dim floats). A pass per kv head
- * and register tile, as before, read each row six times and took 2.4x as long at batch 64. */
+ * and register tile, as before, read each row six times and took 2.4x as long at batch 64. This pass is bound
+ * by arithmetic and the key pass by memory, so with each value row it also prefetches a key row of the
+ * thread's next sequence (`ahead`, ahead_ctx rows of it): that pass then finds its keys in L2. */
 INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const int32_t *table, int64_t ctx,
-                            int64_t group, int64_t chunks, const float *probs, vec8 *acc) {
+                            int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
+                            int64_t ahead_ctx) {
     for (int64_t i = 0; i < s->heads * chunks; i++) acc[i] = (vec8){0};
     RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1);
     for (int64_t t = 0; t < ctx; t++) {
+        if (t < ahead_ctx) prefetch_row(cursor_next(ahead), s->kv_heads * s->head_dim);
         const vec8 *row = (const vec8 *)cursor_next(&cursor);
         for (int64_t h = 0; h < s->kv_heads; h++)
             for (int64_t g = 0; g < group; g++) {
@@ -164,10 +174,14 @@ INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const in
     }
 }
 
-/* Per-thread scratch: scores (heads * max_ctx), 1/sums (heads), the query and the accumulators as vectors. */
+/* Per-thread scratch: scores (heads * max_ctx), 1/sums (heads), the query and the accumulators as vectors;
+ * and the sequence this thread takes next, whose keys it prefetches (ahead_ctx 0: none). */
 typedef struct {
     float *scores, *inv_sums;
     vec8 *q, *acc;
+    const float *ahead_keys;
+    const int32_t *ahead_table;
+    int64_t ahead_ctx;
 } Scratch;
 
 static int scratch_alloc(Scratch *w, int64_t heads, int64_t head_dim, int64_t max_ctx) {
@@ -175,6 +189,7 @@ static int scratch_alloc(Scratch *w, int64_t heads, int64_t head_dim, int64_t ma
     w->q = malloc(sizeof(float) * (size_t)(2 * heads * head_dim));
     w->inv_sums = w->scores ? w->scores + heads * max_ctx : NULL;
     w->acc = w->q ? w->q + heads * head_dim / LANES : NULL;
+    w->ahead_keys = NULL, w->ahead_table = NULL, w->ahead_ctx = 0;
     return w->scores != NULL && w->q != NULL;
 }
 
@@ -186,9 +201,10 @@ static void scratch_free(Scratch *w) {
 /* One sequence's attention, with the group size and head_dim / 8 as (ideally constant) arguments. */
 INLINE void attend_core(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *table,
                         int64_t ctx, int64_t group, int64_t chunks, Scratch *w) {
+    RowCursor ahead = cursor_at_start(s, w->ahead_keys, w->ahead_table, w->ahead_ctx, 0);
     sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores);
     softmax_rows(w->scores, s->heads, ctx, w->inv_sums);
-    sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc);
+    sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc, &ahead, w->ahead_ctx);
 }
 
 /* Copies of attend_core for common GQA group sizes and head dims 64 and 128; anything else runs generic. */
@@ -225,6 +241,33 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
     for (int64_t h = 0; h < s->heads; h++)
         for (int64_t i = 0; i < s->head_dim; i++)
             out[h * s->head_dim + i] = w->acc[(h * s->head_dim + i) / LANES][i % LANES] * w->inv_sums[h];
+}
+
+/* The next row from a counter shared by the team: dynamic scheduling, which the threads' differing sequence
+ * lengths need, but done by hand so that a thread knows its next row one ahead. */
+static int64_t claim_row(int64_t *counter) {
+    int64_t row;
+#pragma omp atomic capture
+    row = (*counter)++;
+    return row;
+}
+
+/* Attention for rows claimed from `counter` (0 at the start) until all `rows` are done: row r's query at
+ * q + r * q_stride, its block table at tables + r * s->table_stride, its context lens[r], its output at
+ * out + r * out_stride. While one row runs, the keys of the thread's next one are prefetched. */
+static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_stride, const float *k_layer,
+                           const float *v_layer, const int32_t *tables, const int32_t *lens, float *out,
+                           int64_t out_stride, int64_t rows, int64_t *counter, Scratch *w) {
+    int64_t next = claim_row(counter);
+    while (next < rows) {
+        const int64_t r = next;
+        next = claim_row(counter);
+        w->ahead_keys = k_layer;
+        w->ahead_table = next < rows ? tables + next * s->table_stride : NULL;
+        w->ahead_ctx = next < rows ? lens[next] : 0;
+        attend_sequence(s, q + r * q_stride, k_layer, v_layer, tables + r * s->table_stride, lens[r],
+                        out + r * out_stride, w);
+    }
 }
 
 /* Validates the context lengths: -3 if one is outside 1..table_stride * block_size; else their maximum. */

@@ -56,8 +56,9 @@ typedef struct { /* the step's rows: one per token */
                                                    tokens it attends to, itself included (position + 1) */
 } StepRows;
 
-typedef struct { /* activations, (rows, width) each */
+typedef struct { /* activations, (rows, width) each; and the attention's shared row counter */
     float *x, *normed, *qkv, *attn, *gate_up, *act;
+    int64_t next_row;
 } Activations;
 
 /* Adds the time since the last mark to seconds[part]; only thread 0 keeps time (after a stage's barrier, so
@@ -111,16 +112,17 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
     }
 }
 
-/* Each row's attention over its sequence's paged context; rows shared out dynamically (lengths differ). */
-static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, const float *qkv,
-                        float *out, Scratch *scratch) {
+/* Each row's attention over its sequence's paged context; rows claimed one by one (lengths differ). */
+static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
+                        Scratch *scratch) {
     const DecodeShape shape = {m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
                                1.0f / sqrtf((float)m->head_dim)};
     const int64_t q_size = m->heads * m->head_dim, width = q_size + 2 * m->kv_heads * m->head_dim;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t r = 0; r < s->rows; r++)
-        attend_sequence(&shape, qkv + r * width, layer->keys, layer->values, s->block_tables + r * s->table_stride,
-                        s->context_lens[r], out + r * q_size, scratch);
+#pragma omp single
+    a->next_row = 0; /* the single's barrier publishes it before any thread claims a row */
+    attend_claimed(&shape, a->qkv, width, layer->keys, layer->values, s->block_tables, s->context_lens, a->attn,
+                   q_size, s->rows, &a->next_row, scratch);
+#pragma omp barrier
 }
 
 /* SwiGLU: act = silu(gate) * up, with gate and up the two halves of each gate_up row. The sigmoid takes exp
@@ -147,7 +149,7 @@ static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const Ste
     clock_mark(clock, TIME_PROJECTIONS);
     rope_and_store_rows(m, layer, s, a->qkv);
     clock_mark(clock, TIME_OTHER);
-    attend_rows(m, layer, s, a->qkv, a->attn, scratch);
+    attend_rows(m, layer, s, a, scratch);
     clock_mark(clock, TIME_ATTENTION);
     project_rows(a->attn, layer->wo, a->x, rows, q_size, hidden, 1);
     clock_mark(clock, TIME_PROJECTIONS);

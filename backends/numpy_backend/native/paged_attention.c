@@ -6,7 +6,7 @@
 
 /* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.
  * With at least `parallel_min_tokens` of context in the batch, the sequences are shared out among OpenMP
- * threads (dynamically: their lengths differ), each with its own scratch; the same team that runs the
+ * threads (claimed one by one: their lengths differ), each with its own scratch; the same team that runs the
  * projections (matmul_rows.c), so no second pool fights it for the cores.
  * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0; -1 when scratch memory could not be
  * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size. */
@@ -20,6 +20,7 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
     int status = 0;
+    int64_t next_row = 0; /* shared by the team: rows are claimed from it */
     (void)parallel_min_tokens; /* read only by the pragma: unused when built without OpenMP */
 #pragma omp parallel if (batch > 1 && total >= parallel_min_tokens)
     {
@@ -29,11 +30,9 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
 #pragma omp atomic write
             status = -1;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t b = 0; b < batch; b++)
-            if (ok)
-                attend_sequence(&s, q + b * heads * head_dim, k_layer, v_layer, block_tables + b * table_stride,
-                                context_lens[b], out + b * heads * head_dim, &w);
+        if (ok)
+            attend_claimed(&s, q, heads * head_dim, k_layer, v_layer, block_tables, context_lens, out,
+                           heads * head_dim, batch, &next_row, &w);
         scratch_free(&w);
     }
     return status;
