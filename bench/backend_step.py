@@ -4,8 +4,9 @@
 
 Prints the machine's copy bandwidth, the time to stream the float32 weights once at that bandwidth (the
 floor for a batch-1 decode step), prefill tokens/s at 512 tokens, decode step time and aggregate tokens/s at
-batch 1, 8, 32 and 64 with 256-token contexts, the share of the batch-64 step spent in attention, and the
-BLAS library and kernel that ran. It restarts itself with the NumPy backend's process defaults
+batch 1, 8, 32 and 64 with 256-token contexts, the share of each step spent in attention (and, for steps
+the fused C step ran, the time of its projections, attention and the rest), and the BLAS library and kernel
+that ran. It restarts itself with the NumPy backend's process defaults
 (backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are set. To
 benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
 this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
@@ -19,6 +20,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,9 +76,21 @@ def prefill_rate(backend: NumpyBackend, tokens: int = 512, repeats: int = 2) -> 
     return tokens / min(seconds)
 
 
-def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> tuple[float, float]:
-    """Seconds of one decode step with `batch` sequences at CONTEXT tokens, and the attention share of it: timed
-    around the per-layer path's attention calls, or by the fused C step itself when that ran the step."""
+@dataclass(frozen=True)
+class StepTiming:
+    """One decode step: its seconds, and the seconds of its parts where they were timed (the fused C step
+    times its projections, attention and the rest; on the per-layer path only attention is timed)."""
+
+    seconds: float
+    parts: dict[str, float]
+
+    @property
+    def attention_share(self) -> float:
+        return self.parts.get("attention", 0.0) / self.seconds
+
+
+def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> StepTiming:
+    """One decode step with `batch` sequences at CONTEXT tokens."""
     per_seq = CONTEXT // BLOCK + 1
     seqs = [SeqState(blocks=list(range(i * per_seq, (i + 1) * per_seq)), tokens=[7] * (CONTEXT - 1))
             for i in range(batch)]
@@ -85,18 +99,20 @@ def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> tup
     if fused is not None:
         fused.last_seconds[:] = 0.0
     step = _timed(lambda: backend.execute(make_batch(seqs, [[11]] * batch, BLOCK)))
-    attention = timer.seconds + (fused.last_seconds[STAGES.index("attention")] if fused is not None else 0.0)
-    return step, attention / step
+    if fused is not None and fused.last_seconds.any():
+        return StepTiming(step, dict(zip(STAGES, (float(v) for v in fused.last_seconds), strict=True)))
+    return StepTiming(step, {"attention": timer.seconds})
 
 
-def decode_table(backend: NumpyBackend, repeats: int, timer: AttentionTimer) -> dict[int, tuple[float, float]]:
-    """Median step seconds and attention share per batch size. The batch sizes take turns, round after round,
+def decode_table(backend: NumpyBackend, repeats: int, timer: AttentionTimer) -> dict[int, StepTiming]:
+    """Medians per batch size (of the step and of each part). The batch sizes take turns, round after round,
     so a host that speeds up or slows down during the run moves all of them alike (not one batch size)."""
-    runs: dict[int, list[tuple[float, float]]] = {batch: [] for batch in BATCHES}
+    runs: dict[int, list[StepTiming]] = {batch: [] for batch in BATCHES}
     for _ in range(repeats):
         for batch in BATCHES:
             runs[batch].append(decode_step(backend, batch, timer))
-    return {batch: (statistics.median(s for s, _ in r), statistics.median(a for _, a in r))
+    return {batch: StepTiming(statistics.median(t.seconds for t in r),
+                              {part: statistics.median(t.parts.get(part, 0.0) for t in r) for part in r[0].parts})
             for batch, r in runs.items()}
 
 
@@ -128,13 +144,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model load: {model.load_seconds:.2f} s; weights streamed per decode step: {streamed / 1e6:.0f} MB")
     print(f"copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> weight-streaming time {floor * 1e3:.1f} ms")
     print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")
-    print(f"{'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x batch1':>9} {'attn %':>7} {'step/floor':>10}")
+    print(f"{'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x batch1':>9} {'attn %':>7} {'step/floor':>10}   "
+          "fused step, ms: projections attention other (the rest of the step: output head, sampling, Python)")
     base = None
-    for batch, (step, share) in decode_table(backend, args.repeats, timer).items():
-        rate = batch / step
+    for batch, timing in decode_table(backend, args.repeats, timer).items():
+        rate = batch / timing.seconds
         base = base or rate
-        print(f"{batch:>5} {step * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} {share * 100:>7.1f} "
-              f"{step / floor:>10.2f}")
+        parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
+        print(f"{batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} "
+              f"{timing.attention_share * 100:>7.1f} {timing.seconds / floor:>10.2f}   {parts}")
 
 
 def _streamed_bytes(model: Any) -> int:
