@@ -197,3 +197,21 @@ def test_times_its_stages(step_and_cache: tuple[NativeFusedStep, NumpyBackend]) 
     step, backend = step_and_cache
     run_one(step, backend, 5, [0, 1], 6)
     assert step.last_seconds.shape == (3,) and (step.last_seconds > 0).all()
+
+
+def test_refuses_angles_of_the_wrong_width(step_and_cache: tuple[NativeFusedStep, NumpyBackend]) -> None:
+    """C reads head_dim / 2 angles per row: a narrower array would be read past its end."""
+    step, backend = step_and_cache
+    with pytest.raises(ValueError, match="head_dim / 2 wide"):
+        step.run(np.ones((1, 64), np.float32), backend.cache, *[np.zeros((1, 1), np.float32)] * 2, np.array([5]),
+                 np.array([[0, 1]], np.int32), np.array([6], np.int32))
+
+
+def test_a_replaced_cache_array_is_written_not_the_freed_one(
+        step_and_cache: tuple[NativeFusedStep, NumpyBackend]) -> None:
+    """The per-layer pointers are taken again when an array of the cache is no longer the one they came from."""
+    step, backend = step_and_cache
+    run_one(step, backend, 5, [0, 1], 6)
+    backend.cache.keys[0] = np.zeros_like(backend.cache.keys[0])
+    run_one(step, backend, 5, [0, 1], 6)
+    assert backend.cache.keys[0].reshape(-1, 32)[5].any()

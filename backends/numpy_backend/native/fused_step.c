@@ -51,7 +51,7 @@ typedef struct { /* one layer's weights (matrices (out, in) as stored) and its K
 typedef struct { /* the step's rows: one per token */
     int64_t rows, table_stride;
     const float *cos, *sin;  /* (rows, head_dim / 2): the RoPE angles of each row's position */
-    const int64_t *slots;    /* (rows,) flat KV slot of the token; negative: padding, not stored */
+    const int64_t *slots;    /* (rows,) flat KV slot of the token, each distinct; negative: padding */
     const int32_t *block_tables, *context_lens; /* (rows, table_stride): its sequence's table; (rows,): the
                                                    tokens it attends to, itself included (position + 1) */
 } StepRows;

@@ -50,7 +50,8 @@ class NativeFusedStep:
         self._fn.argtypes = [_P, _P, _P, _P, _P]
         self.config, self.weights, self.max_rows = config, weights, max_rows
         self.last_seconds = np.zeros(len(STAGES))  # the last step's time by stage (STAGES), filled by C
-        self._bound: tuple[PagedKVCache, _ModelShape, ctypes.Array[_LayerRefs]] | None = None
+        # the cache arrays the pointers were taken from (kept alive), the shape and the pointers
+        self._bound: tuple[tuple[np.ndarray, ...], _ModelShape, ctypes.Array[_LayerRefs]] | None = None
 
     @staticmethod
     def supports(config: ModelConfig) -> bool:
@@ -71,16 +72,22 @@ class NativeFusedStep:
         shape, layers = self._bind(cache)
         keep = [_c(cos, np.float32), _c(sin, np.float32), _c(slots, np.int64), _c(block_tables, np.int32),
                 _c(context_lens, np.int32)]  # alive until the call returns
-        _require(all(len(a) == len(x) for a in keep), "one row each of cos, sin, slots, tables and lengths")
+        angles = (len(x), self.config.head_dim // 2)
+        _require(keep[0].shape == angles == keep[1].shape and keep[2].shape == (len(x),) == keep[4].shape
+                 and keep[3].ndim == 2 and len(keep[3]) == len(x),
+                 "one row each of cos and sin (head_dim / 2 wide), slots, tables and lengths")
         rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep))
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data, self.last_seconds.ctypes.data)
         if status != 0:
             raise (MemoryError if status == -1 else ValueError)(f"native fused step: {_ERRORS.get(status, status)}")
 
     def _bind(self, cache: PagedKVCache) -> tuple[_ModelShape, ctypes.Array[_LayerRefs]]:
-        """The model shape and per-layer pointers for this cache, built once per cache."""
-        if self._bound is None or self._bound[0] is not cache:
-            self._bound = (cache, self._shape(cache), self._layer_refs(cache))
+        """The model shape and per-layer pointers for the cache's arrays, built again whenever any of them is
+        not the array the pointers were taken from (C would write into freed memory)."""
+        arrays = (*cache.keys, *cache.values)
+        if self._bound is None or len(arrays) != len(self._bound[0]) or any(
+                a is not b for a, b in zip(arrays, self._bound[0], strict=True)):
+            self._bound = (arrays, self._shape(cache), self._layer_refs(cache))
         return self._bound[1], self._bound[2]
 
     def _shape(self, cache: PagedKVCache) -> _ModelShape:

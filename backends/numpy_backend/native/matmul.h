@@ -70,7 +70,9 @@ static inline __attribute__((always_inline)) void block_dots(const float *x, int
                                                              int64_t n, int rows, int add) {
     const int64_t chunks = k / LANES;
     const vec8 *w0 = (const vec8 *)w, *w1 = w0 + chunks, *w2 = w1 + chunks;
-    const vec8 *x0 = (const vec8 *)x, *x1 = x0 + chunks, *x2 = x1 + chunks, *x3 = x2 + chunks;
+    /* rows past `rows` are never read; their pointers are not formed (past the end of x would be UB) */
+    const vec8 *x0 = (const vec8 *)x, *x1 = rows > 1 ? x0 + chunks : x0, *x2 = rows > 2 ? x0 + 2 * chunks : x0;
+    const vec8 *x3 = rows > 3 ? x0 + 3 * chunks : x0;
     vec8 a0 = {0}, b0 = {0}, c0 = {0}, a1 = {0}, b1 = {0}, c1 = {0}, a2 = {0}, b2 = {0}, c2 = {0};
     vec8 a3 = {0}, b3 = {0}, c3 = {0};
     for (int64_t c = 0; c < chunks; c++) {
