@@ -14,6 +14,7 @@ import numpy as np
 from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
 from backends.numpy_backend.kv_cache import PagedKVCache
+from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.kernels import MAX_GROUP
 from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
@@ -70,8 +71,8 @@ class NativeFusedStep:
         _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
                  and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
         shape, layers = self._bind(cache)
-        keep = [_c(cos, np.float32), _c(sin, np.float32), _c(slots, np.int64), _c(block_tables, np.int32),
-                _c(context_lens, np.int32)]  # alive until the call returns
+        keep = [c_array(cos, np.float32), c_array(sin, np.float32), c_array(slots, np.int64),
+                c_array(block_tables, np.int32), c_array(context_lens, np.int32)]  # alive until the call returns
         angles = (len(x), self.config.head_dim // 2)
         _require(keep[0].shape == angles == keep[1].shape and keep[2].shape == (len(x),) == keep[4].shape
                  and keep[3].ndim == 2 and len(keep[3]) == len(x),
@@ -99,15 +100,10 @@ class NativeFusedStep:
         refs = (_LayerRefs * self.config.num_layers)()
         for i, layer in enumerate(self.weights.layers):
             arrays = [getattr(layer, name) for name in _LAYER_ARRAYS] + [cache.keys[i], cache.values[i]]
-            _require(all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays),
+            _require(all(is_c_array(a, np.float32) for a in arrays),
                      f"layer {i}: weights and cache must be C-contiguous float32")
             refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays))
         return refs
-
-
-def _c(a: np.ndarray, dtype: type) -> np.ndarray:
-    ok = a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
-    return a if ok else np.require(a, dtype, ["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _require(condition: bool, message: str) -> None:

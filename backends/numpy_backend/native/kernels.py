@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 
 _P = ctypes.c_void_p
@@ -41,10 +42,10 @@ class NativeAttention:
         """q (B, heads, d) for one token per sequence -> (B, heads, d); same contract as the NumPy reference."""
         batch, heads, dim = q.shape
         _, block_size, kv_heads, cache_dim = k_cache.shape
-        q, tables, lens = _c_array(q, np.float32), _c_array(block_tables, np.int32), _c_array(context_lens, np.int32)
+        q, tables, lens = c_array(q, np.float32), c_array(block_tables, np.int32), c_array(context_lens, np.int32)
         _check(cache_dim == dim and v_cache.shape == k_cache.shape and tables.shape[0] == batch == lens.shape[0],
                "shape mismatch")
-        _check(_is_c_array(k_cache, np.float32) and _is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
+        _check(is_c_array(k_cache, np.float32) and is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((batch, heads, dim), np.float32)
         status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
                           lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
@@ -53,14 +54,6 @@ class NativeAttention:
             _check(status != -1, _ERRORS[-1], MemoryError)
             _check(False, _ERRORS.get(status, f"status {status}"))
         return out
-
-
-def _is_c_array(a: np.ndarray, dtype: type) -> bool:
-    return a.dtype == dtype and a.flags.c_contiguous and a.flags.aligned
-
-
-def _c_array(a: np.ndarray, dtype: type) -> np.ndarray:
-    return a if _is_c_array(a, dtype) else np.require(a, dtype, ["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:

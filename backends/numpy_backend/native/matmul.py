@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 
 Projection = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (x, w) -> x @ w.T
@@ -47,8 +48,8 @@ class NativeMatmul:
 
     def _fits(self, x: np.ndarray, w: np.ndarray) -> bool:
         return (x.ndim == 2 == w.ndim and 0 < x.shape[0] <= self.max_rows and x.shape[1] == w.shape[1]
-                and x.shape[1] > 0 and x.shape[1] % LANES == 0 and x.dtype == np.float32 == w.dtype
-                and x.flags.c_contiguous and w.flags.c_contiguous and x.flags.aligned and w.flags.aligned)
+                and x.shape[1] > 0 and x.shape[1] % LANES == 0 and is_c_array(x, np.float32)
+                and is_c_array(w, np.float32))
 
 
 def numpy_project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
