@@ -19,7 +19,11 @@ from backends.numpy_backend.native.fused_step import NativeFusedStep
 from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
-TOL = 1e-4  # as the paged-forward tests: float32 summation order only
+TOL = 1e-4  # the K/V: float32 summation order only, as the paged-forward tests
+# The logits: the NumPy reference is itself only reproducible to about 1e-4 here. Its logits for the seven
+# sequences at block size 16 move by 1.1e-4 between two OpenBLAS kernels (Haswell and SkylakeX), so comparing
+# a different summation order at 1e-4 failed on one machine and passed on another.
+LOGITS_TOL = 3e-4
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +80,8 @@ class Pair:
 
 
 def assert_same_step(pair: Pair, batch: StepBatch) -> None:
-    np.testing.assert_allclose(pair.fused.compute_logits(batch), pair.reference.compute_logits(batch), atol=TOL,
-                               rtol=0)
+    np.testing.assert_allclose(pair.fused.compute_logits(batch), pair.reference.compute_logits(batch),
+                               atol=LOGITS_TOL, rtol=0)
     for name in ("keys", "values"):
         for fused, ref in zip(getattr(pair.fused.cache, name), getattr(pair.reference.cache, name), strict=True):
             np.testing.assert_allclose(fused, ref, atol=TOL, rtol=0)
