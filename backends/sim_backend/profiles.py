@@ -40,12 +40,13 @@ PROFILES: dict[str, HardwareProfile] = {
     # Infinite bandwidth and FLOPs, no overhead: instant steps (scheduler micro-benchmarks, service tests).
     "zero": HardwareProfile("zero", math.inf, math.inf, dtype_bytes=2),
     # This 2-vCPU machine running the NumPy float32 model (its fused C decode step up to 64 rows, OpenBLAS sgemm
-    # for prefill). Measured on a quiet host (docs/PERFORMANCE.md): copy bandwidth 32-36 GB/s, two cores' FMA
-    # peak 154 GFLOP/s; the model's decode step 19-22 ms at batch 1, 37-40 at 8, 94-106 at 32, 169-184 at 64
-    # (256 context), prefill 375-399 tokens/s. With 90 % of the bandwidth, 65 % of the FMA peak and 1 ms of
-    # Python per step, this roofline gives 20, 24, 93, 184 ms and 434 tokens/s: right at both ends, 37 % under
-    # at batch 8, where a real step is neither purely memory- nor compute-bound.
-    "cpu": HardwareProfile("cpu", 32e9, 154e9, dtype_bytes=4, bandwidth_efficiency=0.9, flops_efficiency=0.65,
+    # for prefill). Measured (docs/PERFORMANCE.md): copy bandwidth 24-28 GB/s (32-36 on a quieter day), read
+    # bandwidth 31 GB/s, two cores' FMA peak 233 GFLOP/s (116 each); the model's decode step 20-22 ms at
+    # batch 1, 26-29 at 8, 68-75 at 32, 127-148 at 64 (256 context), prefill 450-490 tokens/s. With 90 % of
+    # 32 GB/s, 58 % of the FMA peak and 1 ms of Python per step, this roofline gives 20, 23, 69 and 137 ms and
+    # 590 tokens/s: right from batch 1 to 64 but 15 % under at batch 8, where a real step is neither purely
+    # memory- nor compute-bound, and 25 % over for prefill, which runs the slower per-layer path.
+    "cpu": HardwareProfile("cpu", 32e9, 233e9, dtype_bytes=4, bandwidth_efficiency=0.9, flops_efficiency=0.58,
                            overhead_s=1e-3),
     # A100 SXM 80 GB: 2.0 TB/s HBM2e, 312 TFLOP/s dense bf16. Decode kernels reach ~80 % of HBM bandwidth and
     # large GEMMs ~60 % of peak; ~1.5 ms per step of launches and copies without CUDA graphs.

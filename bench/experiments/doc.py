@@ -43,8 +43,8 @@ all of it the profile's fixed per-step overhead, so on this 2-vCPU shared machin
 sequence is a large part of each step: read the absolute numbers as this server on this host, and the ratios
 between configurations as the result. The `cpu` profile models the NumPy backend on this machine; the `cpu`
 rows below were run with its first calibration (~70 ms per decode step, prefill ~13 ms per token). Since
-2026-12-04 it models the faster backend with C kernels (~26 ms per batch-1 decode step, ~3.6 ms per prefill
-token)."""
+2026-12-04 it models the faster backend with C kernels (now ~20 ms per batch-1 decode step, ~1.7 ms per
+prefill token)."""
 
 
 def begin(key: str) -> str:
