@@ -4,7 +4,8 @@ Decode tokens (one query per sequence) are attended in one vectorised pass over 
 sequence's blocks are gathered into a padded (B, L) context and masked past its length. That is the
 reference: the backend normally runs the C kernel in native/paged_attention.c, which reads the blocks in
 place. Prefill chunks, at most a few per step, are attended one sequence at a time with a causal mask offset
-by the cached prefix (BLAS matmuls, which a chunk of many queries keeps busy).
+by the cached prefix (BLAS matmuls); that too is the reference, and the C kernel's binding runs a chunk's
+tokens as rows of its decode attention instead, each over the cache up to its own position.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import numpy as np
 
 # (q, k_cache, v_cache, block_tables, context_lens) -> out: decode_attention below, or the C kernel's binding
 DecodeAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+# (q, k_cache, v_cache, block_table, context_len) -> out for one sequence's chunk: prefill_attention below, or
+# the C kernel's binding
+ChunkAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 NEG_INF = np.float32(-np.inf)
 
@@ -80,7 +84,8 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: AttentionLayout,
                     query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray,
-                    decode: DecodeAttention = decode_attention) -> np.ndarray:
+                    decode: DecodeAttention = decode_attention,
+                    chunk: ChunkAttention = prefill_attention) -> np.ndarray:
     """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d)."""
     if layout.all_decode:  # the common step: no row gathering
         return decode(q, k_cache, v_cache, block_tables, context_lens)
@@ -92,5 +97,5 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lay
         )
     for b in layout.prefill_seqs:
         rows = slice(int(query_start[b]), int(query_start[b + 1]))
-        out[rows] = prefill_attention(q[rows], k_cache, v_cache, block_tables[b], int(context_lens[b]))
+        out[rows] = chunk(q[rows], k_cache, v_cache, block_tables[b], int(context_lens[b]))
     return out

@@ -22,7 +22,7 @@ class NumpyBackend:
         cfg = model.config
         kernels = choose_kernels(cpu_kernels, cfg, model.weights)
         self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
-                                    kernels.fused_step)
+                                    kernels.fused_step, kernels.chunk_attention)
         self._cache: PagedKVCache | None = None
 
     @property

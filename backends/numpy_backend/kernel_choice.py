@@ -12,7 +12,7 @@ from typing import TypeVar
 from backends.base import BackendError
 from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
-from backends.numpy_backend.attention import DecodeAttention, decode_attention
+from backends.numpy_backend.attention import ChunkAttention, DecodeAttention, decode_attention, prefill_attention
 from backends.numpy_backend.native.build import KernelBuildError
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
@@ -27,6 +27,7 @@ class CpuKernels:
     decode_attention: DecodeAttention
     project: Projection  # x @ w.T
     fused_step: NativeFusedStep | None = None  # a small step in one call; None: layer by layer
+    chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
 
 
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> CpuKernels:
@@ -34,19 +35,19 @@ def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> Cpu
     builds and loads, and the attention and fused-step kernels when they support the model's shape."""
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
-    return CpuKernels(_attention(mode, config), _native(mode, "projection", lambda: NativeMatmul().project,
-                                                        numpy_project), _fused_step(mode, config, weights))
+    decode, chunk = _attention(mode, config)
+    project = _native(mode, "projection", lambda: NativeMatmul().project, numpy_project)
+    return CpuKernels(decode, project, _fused_step(mode, config, weights), chunk)
 
 
-def _attention(mode: str, config: ModelConfig) -> DecodeAttention:
+def _attention(mode: str, config: ModelConfig) -> tuple[DecodeAttention, ChunkAttention]:
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-    if NativeAttention.supports(heads, kv_heads, head_dim):
-        attention = _native(mode, "attention", lambda: NativeAttention().decode, decode_attention)
-    elif mode == "native":
-        raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
-    else:
-        attention = decode_attention
-    return attention
+    if not NativeAttention.supports(heads, kv_heads, head_dim):
+        if mode == "native":
+            raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
+        return decode_attention, prefill_attention
+    native = _native(mode, "attention", NativeAttention, None)
+    return (native.decode, native.chunk) if native is not None else (decode_attention, prefill_attention)
 
 
 def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeFusedStep | None:

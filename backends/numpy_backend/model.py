@@ -9,7 +9,14 @@ import numpy as np
 from backends.base import StepBatch
 from backends.model.config import ModelConfig
 from backends.model.weights import LayerWeights, ModelWeights
-from backends.numpy_backend.attention import AttentionLayout, DecodeAttention, decode_attention, paged_attention
+from backends.numpy_backend.attention import (
+    AttentionLayout,
+    ChunkAttention,
+    DecodeAttention,
+    decode_attention,
+    paged_attention,
+    prefill_attention,
+)
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.layers import RopeTable, rms_norm, rotate, silu_mul
 from backends.numpy_backend.native.fused_step import NativeFusedStep
@@ -28,10 +35,12 @@ class StepContext:
 class LlamaForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights,
                  decode_attention: DecodeAttention = decode_attention, project: Projection = numpy_project,
-                 fused_step: NativeFusedStep | None = None) -> None:
+                 fused_step: NativeFusedStep | None = None, chunk_attention: ChunkAttention = prefill_attention
+                 ) -> None:
         self.config = config
         self.weights = weights
         self.decode_attention = decode_attention
+        self.chunk_attention = chunk_attention  # a prefill chunk's attention, one sequence at a time
         self.project = project  # x @ w.T, for every weight matrix
         self.fused_step = fused_step  # every layer of a small step in one C call, when built
         self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
@@ -75,7 +84,7 @@ class LlamaForward:
         v = qkv[:, cfg.q_size + cfg.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
         out = paged_attention(q, cache.keys[index], cache.values[index], step.layout, batch.query_start,
-                              batch.block_tables, batch.context_lens, self.decode_attention)
+                              batch.block_tables, batch.context_lens, self.decode_attention, self.chunk_attention)
         return self.project(out.reshape(-1, cfg.q_size), layer.wo)
 
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:

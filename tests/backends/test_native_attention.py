@@ -14,7 +14,7 @@ import pytest
 from backends.base import BackendError
 from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
-from backends.numpy_backend.attention import decode_attention
+from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, KernelBuildError, build_library
 from backends.numpy_backend.native.fused_step import NativeFusedStep
@@ -64,6 +64,27 @@ def test_matches_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
     out = NativeAttention(parallel_min_tokens, cache_dir).decode(q, k, v, tables, ctx)
     ref = decode_attention(q, k, v, np.maximum(tables, 0), ctx)
     np.testing.assert_allclose(out, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (5, 5, 8)])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize(("chunk", "context"), [(1, 1), (7, 7), (100, 100), (33, 290)])
+def test_chunk_matches_the_prefill_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
+                                             block_size: int, chunk: int, context: int) -> None:
+    """A prefill chunk (the last `chunk` of `context` positions, so a whole prompt or one continuing a cached
+    prefix), its tokens run as rows of the decode kernel, against the masked-matrix reference."""
+    rng = np.random.default_rng(chunk * 1000 + context + dim)
+    q, k, v, tables, _ = paged_problem(rng, [context], heads, kv_heads, dim, block_size)
+    q = rng.standard_normal((chunk, heads, dim), dtype=np.float32) * 3
+    out = NativeAttention(0, cache_dir).chunk(q, k, v, tables[0], context)
+    ref = prefill_attention(q, k, v, np.maximum(tables[0], 0), context)
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)  # a BLAS sum over up to 290 positions there
+
+
+def test_chunk_longer_than_its_context_is_refused(cache_dir: Path) -> None:
+    q, k, v, tables, _ = paged_problem(np.random.default_rng(3), [8], 9, 3, 64, 4)
+    with pytest.raises(ValueError, match="chunk longer"):
+        NativeAttention(cache_dir=cache_dir).chunk(np.zeros((9, 9, 64), np.float32), k, v, tables[0], 8)
 
 
 def test_large_scores_do_not_overflow(cache_dir: Path) -> None:

@@ -55,6 +55,16 @@ class NativeAttention:
             _check(False, _ERRORS.get(status, f"status {status}"))
         return out
 
+    def chunk(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
+              context_len: int) -> np.ndarray:
+        """One sequence's prefill chunk q (n, heads, d), the last n of its context_len positions (their K/V
+        already stored) -> (n, heads, d): each token a row of `decode`, over the cache up to its own position.
+        Same contract as the NumPy reference, which builds a masked (n, context_len) score matrix per head."""
+        n = q.shape[0]
+        _check(0 < n <= context_len, "chunk longer than its context")
+        tables = np.broadcast_to(block_table, (n, block_table.shape[-1]))
+        return self.decode(q, k_cache, v_cache, tables, np.arange(context_len - n + 1, context_len + 1))
+
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:
     if not condition:
