@@ -4,8 +4,8 @@ Decode tokens (one query per sequence) are attended in one vectorised pass over 
 sequence's blocks are gathered into a padded (B, L) context and masked past its length. That is the
 reference: the backend normally runs the C kernel in native/paged_attention.c, which reads the blocks in
 place. Prefill chunks, at most a few per step, are attended one sequence at a time with a causal mask offset
-by the cached prefix (BLAS matmuls); that too is the reference, and the C kernel's binding runs a chunk's
-tokens as rows of its decode attention instead, each over the cache up to its own position.
+by the cached prefix (BLAS matmuls); that too is the reference for the C chunk kernel in
+native/chunk_attention.h, which gathers the sequence's blocks and attends tiles of query tokens.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def test_matches_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
 def test_chunk_matches_the_prefill_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
                                              block_size: int, chunk: int, context: int) -> None:
     """A prefill chunk (the last `chunk` of `context` positions, so a whole prompt or one continuing a cached
-    prefix), its tokens run as rows of the decode kernel, against the masked-matrix reference."""
+    prefix; one tile, several, and a partial last one) against the masked-matrix reference."""
     rng = np.random.default_rng(chunk * 1000 + context + dim)
     q, k, v, tables, _ = paged_problem(rng, [context], heads, kv_heads, dim, block_size)
     q = rng.standard_normal((chunk, heads, dim), dtype=np.float32) * 3
@@ -81,10 +81,18 @@ def test_chunk_matches_the_prefill_reference(cache_dir: Path, heads: int, kv_hea
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)  # a BLAS sum over up to 290 positions there
 
 
-def test_chunk_longer_than_its_context_is_refused(cache_dir: Path) -> None:
+def test_chunk_refusals(cache_dir: Path) -> None:
+    """A chunk longer than its context, a context past its table, a block outside the cache: errors, no read."""
     q, k, v, tables, _ = paged_problem(np.random.default_rng(3), [8], 9, 3, 64, 4)
+    attention = NativeAttention(cache_dir=cache_dir)
     with pytest.raises(ValueError, match="chunk longer"):
-        NativeAttention(cache_dir=cache_dir).chunk(np.zeros((9, 9, 64), np.float32), k, v, tables[0], 8)
+        attention.chunk(np.zeros((9, 9, 64), np.float32), k, v, tables[0], 8)
+    with pytest.raises(ValueError, match="outside its block table"):
+        attention.chunk(np.zeros((2, 9, 64), np.float32), k, v, tables[0][:1], 8)
+    bad = tables[0].copy()
+    bad[1] = k.shape[0]
+    with pytest.raises(ValueError, match="block outside the cache"):
+        attention.chunk(np.zeros((2, 9, 64), np.float32), k, v, bad, 8)
 
 
 def test_large_scores_do_not_overflow(cache_dir: Path) -> None:

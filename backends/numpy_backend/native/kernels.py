@@ -20,6 +20,8 @@ MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
 PARALLEL_MIN_TOKENS = 2048  # below this much context in a batch, one thread is quicker than waking a team
 _ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
            -3: "context length outside its block table"}
+_CHUNK_ERRORS = {-3: "chunk longer than its context, or context outside its block table",
+                 -5: "block outside the cache"}
 
 
 class NativeAttention:
@@ -31,6 +33,9 @@ class NativeAttention:
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64]
+        self._chunk_fn = ctypes.CDLL(str(self.library_path)).chunk_attention_f32
+        self._chunk_fn.restype = ctypes.c_int
+        self._chunk_fn.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, *[_I64] * 4, ctypes.c_float, _I64]
         self.parallel_min_tokens = parallel_min_tokens
 
     @staticmethod
@@ -58,12 +63,21 @@ class NativeAttention:
     def chunk(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
               context_len: int) -> np.ndarray:
         """One sequence's prefill chunk q (n, heads, d), the last n of its context_len positions (their K/V
-        already stored) -> (n, heads, d): each token a row of `decode`, over the cache up to its own position.
-        Same contract as the NumPy reference, which builds a masked (n, context_len) score matrix per head."""
-        n = q.shape[0]
-        _check(0 < n <= context_len, "chunk longer than its context")
-        tables = np.broadcast_to(block_table, (n, block_table.shape[-1]))
-        return self.decode(q, k_cache, v_cache, tables, np.arange(context_len - n + 1, context_len + 1))
+        already stored) -> (n, heads, d), each token attending up to its own position (chunk_attention.h).
+        Same contract as the NumPy reference."""
+        n, heads, dim = q.shape
+        num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
+        q, table = c_array(q, np.float32), c_array(block_table, np.int32)
+        _check(cache_dim == dim and v_cache.shape == k_cache.shape and table.ndim == 1, "shape mismatch")
+        _check(is_c_array(k_cache, np.float32) and is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
+        out = np.empty((n, heads, dim), np.float32)
+        status = self._chunk_fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, table.ctypes.data,
+                                table.shape[0], num_blocks, context_len, n, out.ctypes.data, heads, kv_heads, dim,
+                                block_size, dim**-0.5, self.parallel_min_tokens)
+        if status != 0:
+            _check(status != -1, _ERRORS[-1], MemoryError)
+            _check(False, _CHUNK_ERRORS.get(status, _ERRORS.get(status, f"status {status}")))
+        return out
 
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:

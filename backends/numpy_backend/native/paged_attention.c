@@ -1,8 +1,9 @@
 /* Decode attention over the paged KV cache, for the NumPy backend on the CPU: one call per layer.
  *
  * The reference is attention.decode_attention (NumPy); the per-sequence work is in attention.h, shared with
- * the fused step. */
+ * the fused step. The second entry point attends one sequence's prefill chunk (chunk_attention.h). */
 #include "attention.h"
+#include "chunk_attention.h"
 
 /* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.
  * With at least `parallel_min_tokens` of context in the batch, the sequences are shared out among OpenMP
@@ -35,5 +36,49 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
                            heads * head_dim, batch, &next_row, &w);
         scratch_free(&w);
     }
+    return status;
+}
+
+/* 0, or -5 when a block the chunk reads lies outside the cache. */
+static int check_chunk_blocks(const int32_t *table, int64_t context, int64_t block_size, int64_t num_blocks) {
+    for (int64_t b = 0; b < (context + block_size - 1) / block_size; b++)
+        if (table[b] < 0 || table[b] >= num_blocks) return -5;
+    return 0;
+}
+
+/* One sequence's prefill chunk: q, out (n, heads, head_dim), the last n of its `context` positions, whose K/V
+ * are already in the cache; table: the sequence's blocks (table_len of them, int32). With at least
+ * `parallel_min_pairs` query-key pairs, the gather and then the (kv head, tile) items are shared out among
+ * OpenMP threads. Returns 0; -1 when memory could not be allocated; -2 for an unsupported shape; -3 when
+ * n or context is outside 1..context, 1..table_len * block_size; -5 for a block outside the cache. */
+int chunk_attention_f32(const float *q, const float *k_layer, const float *v_layer, const int32_t *table,
+                        int64_t table_len, int64_t num_blocks, int64_t context, int64_t n, float *out,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                        int64_t parallel_min_pairs) {
+    if (head_dim % LANES != 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
+    if (n < 1 || context < n || context > table_len * block_size) return -3;
+    if (check_chunk_blocks(table, context, block_size, num_blocks) != 0) return -5;
+    const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale};
+    float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));
+    if (keys == NULL) return -1;
+    float *values = keys + kv_heads * c.padded * head_dim;
+    const int64_t tiles = (n + CHUNK_TILE - 1) / CHUNK_TILE;
+    int status = 0;
+    (void)parallel_min_pairs; /* read only by the pragma: unused when built without OpenMP */
+#pragma omp parallel if (n * context >= parallel_min_pairs)
+    {
+        gather_kv(&c, k_layer, v_layer, table, block_size, keys, values);
+        ChunkScratch w;
+        const int ok = chunk_scratch_alloc(&w, &c);
+        if (!ok) {
+#pragma omp atomic write
+            status = -1;
+        }
+#pragma omp for schedule(dynamic) /* every thread meets it, or the others would wait at its barrier */
+        for (int64_t item = 0; item < kv_heads * tiles; item++)
+            if (ok) chunk_tile(&c, q, item % kv_heads, item / kv_heads, keys, values, out, &w);
+        free(w.q);
+    }
+    free(keys);
     return status;
 }
