@@ -42,10 +42,10 @@ PROFILES: dict[str, HardwareProfile] = {
     # This 2-vCPU machine running the NumPy float32 model (its fused C decode step up to 64 rows, OpenBLAS sgemm
     # for prefill). Measured (docs/PERFORMANCE.md): copy bandwidth 24-28 GB/s (32-36 on a quieter day), read
     # bandwidth 31 GB/s, two cores' FMA peak 233 GFLOP/s (116 each); the model's decode step 20-22 ms at
-    # batch 1, 26-29 at 8, 68-75 at 32, 127-148 at 64 (256 context), prefill 450-490 tokens/s. With 90 % of
+    # batch 1, 26-29 at 8, 68-75 at 32, 127-148 at 64 (256 context), prefill 450-590 tokens/s. With 90 % of
     # 32 GB/s, 58 % of the FMA peak and 1 ms of Python per step, this roofline gives 20, 23, 69 and 137 ms and
-    # 590 tokens/s: right from batch 1 to 64 but 15 % under at batch 8, where a real step is neither purely
-    # memory- nor compute-bound, and 25 % over for prefill, which runs the slower per-layer path.
+    # 590 tokens/s: right from batch 1 to 64 and for prefill (586 tokens/s at 512 with the chunk attention
+    # kernel), but 15 % under at batch 8, where a real step is neither purely memory- nor compute-bound.
     "cpu": HardwareProfile("cpu", 32e9, 233e9, dtype_bytes=4, bandwidth_efficiency=0.9, flops_efficiency=0.58,
                            overhead_s=1e-3),
     # A100 SXM 80 GB: 2.0 TB/s HBM2e, 312 TFLOP/s dense bf16. Decode kernels reach ~80 % of HBM bandwidth and
