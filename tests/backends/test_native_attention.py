@@ -93,6 +93,11 @@ def test_chunk_refusals(cache_dir: Path) -> None:
     bad[1] = k.shape[0]
     with pytest.raises(ValueError, match="block outside the cache"):
         attention.chunk(np.zeros((2, 9, 64), np.float32), k, v, bad, 8)
+    with pytest.raises(ValueError, match="1-D ints"):
+        attention.chunk(np.zeros((2, 9, 64), np.float32), k, v, tables[0] + 0.5, 8)
+    with pytest.raises(ValueError, match="unsupported head shape"):
+        attention.chunk(np.zeros((2, 0, 64), np.float32), k, v, tables[0], 8)
+    assert attention.chunk(np.zeros((0, 9, 64), np.float32), k, v, tables[0], 8).shape == (0, 9, 64)
 
 
 def test_large_scores_do_not_overflow(cache_dir: Path) -> None:
@@ -114,6 +119,8 @@ def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
     q, k, v, tables, ctx = paged_problem(rng, [5], 4, 4, 16, 4)
     with pytest.raises(ValueError, match="context length"):
         attention.decode(q, k, v, tables, ctx + 100)
+    with pytest.raises(ValueError, match="must be integers"):  # not cast: 1.7 would read block 1
+        attention.decode(q, k, v, tables + 0.7, ctx)
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 

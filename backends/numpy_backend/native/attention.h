@@ -21,9 +21,6 @@
 
 typedef int32_t vec8i __attribute__((vector_size(32)));
 #define MAX_GROUP 16
-/* Prefetches go to L2 (locality 1): into L1 as well, they crowd its few miss buffers, and a batch-64 step's
- * attention took about 5 ms longer. */
-#define PREFETCH_LOCALITY 1
 
 typedef struct {
     int64_t heads, kv_heads, head_dim, block_size, table_stride;
@@ -149,6 +146,7 @@ INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_
         }
     }
     for (; t < ctx; t++) {
+        prefetch_row(cursor_next(&values), s->kv_heads * s->head_dim);
         const vec8 *row = (const vec8 *)cursor_next(&cursor);
         for (int64_t h = 0; h < s->kv_heads; h++)
             row_scores(q + h * group * chunks, row + h * chunks, chunks, group, s->scale, scores + h * group * ctx + t,

@@ -17,7 +17,9 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 LANES = 8  # head_dim must be a multiple of this (paged_attention.c's LANES)
 MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
-PARALLEL_MIN_TOKENS = 2048  # below this much context in a batch, one thread is quicker than waking a team
+# below this many query-key pairs in a call (decode: the batch's context tokens; a chunk: its tokens x its
+# context), one thread is quicker than waking a team
+PARALLEL_MIN_TOKENS = 2048
 _ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
            -3: "context length outside its block table"}
 _CHUNK_ERRORS = {-3: "chunk longer than its context, or context outside its block table",
@@ -25,8 +27,9 @@ _CHUNK_ERRORS = {-3: "chunk longer than its context, or context outside its bloc
 
 
 class NativeAttention:
-    """Decode attention read straight from the paged cache (paged_attention.c). A batch with at least
-    `parallel_min_tokens` of context is shared out among the kernels' OpenMP threads."""
+    """Decode attention (`decode`) and a prefill chunk's attention (`chunk`), read straight from the paged
+    cache (paged_attention.c, chunk_attention.h). A call with at least `parallel_min_tokens` query-key pairs
+    is shared out among the kernels' OpenMP threads."""
 
     def __init__(self, parallel_min_tokens: int = PARALLEL_MIN_TOKENS, cache_dir: Path | None = None) -> None:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", cache_dir)
@@ -47,6 +50,8 @@ class NativeAttention:
         """q (B, heads, d) for one token per sequence -> (B, heads, d); same contract as the NumPy reference."""
         batch, heads, dim = q.shape
         _, block_size, kv_heads, cache_dim = k_cache.shape
+        _check(np.issubdtype(block_tables.dtype, np.integer) and np.issubdtype(context_lens.dtype, np.integer),
+               "block tables and context lengths must be integers")
         q, tables, lens = c_array(q, np.float32), c_array(block_tables, np.int32), c_array(context_lens, np.int32)
         _check(cache_dim == dim and v_cache.shape == k_cache.shape and tables.shape[0] == batch == lens.shape[0],
                "shape mismatch")
@@ -67,8 +72,11 @@ class NativeAttention:
         Same contract as the NumPy reference."""
         n, heads, dim = q.shape
         num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
+        _check(np.issubdtype(block_table.dtype, np.integer) and block_table.ndim == 1, "block table not 1-D ints")
+        if n == 0:
+            return np.empty((0, heads, dim), np.float32)
         q, table = c_array(q, np.float32), c_array(block_table, np.int32)
-        _check(cache_dim == dim and v_cache.shape == k_cache.shape and table.ndim == 1, "shape mismatch")
+        _check(cache_dim == dim and v_cache.shape == k_cache.shape, "shape mismatch")
         _check(is_c_array(k_cache, np.float32) and is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((n, heads, dim), np.float32)
         status = self._chunk_fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, table.ctypes.data,
@@ -82,4 +90,4 @@ class NativeAttention:
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:
     if not condition:
-        raise error(f"native decode attention: {message}")
+        raise error(f"native attention: {message}")

@@ -103,30 +103,31 @@ static void block_dots_rows(const float *x, int64_t k, const float *strip, float
     }
 }
 
-/* Strips first .. first + count - 1 for every row of x: each register block of x rows passes all the group's
- * strips while it is in L1, and the group's weights (GROUP strips) stay in L2 for the next block. Meanwhile
- * the next group's weights are prefetched into L2, a few lines after each register block. Left to the hardware
- * prefetcher, the first block of each group waited on memory, and the others computed with the bus idle: this
- * overlap took the projections of a batch-8 step from 27.5 to 17.6 ms, and of a batch-64 step from 99 to 82.
- * (A prefetch into L1 as well, locality 3, was no faster at batch 32-64 and slower at 4-8: it evicts x.) */
 typedef struct { /* lines of weights to prefetch, spread over the register blocks of a group */
     const char *base;
     int64_t line, lines, per_block;
 } Ahead;
 
-/* The weight rows from `row` on, up to `rows` of them (fewer at the end of w), over `blocks` register blocks. */
+/* The weight rows from `row` (at most n) on, up to `rows` of them (fewer at the end of w), over `blocks`
+ * register blocks. */
 static Ahead ahead_of(const float *w, int64_t k, int64_t n, int64_t row, int64_t rows, int64_t blocks) {
     const int64_t lines = (n - row < rows ? n - row : rows) * k * (int64_t)sizeof(float) / 64;
     return (Ahead){(const char *)(w + row * k), 0, lines, blocks > 0 ? (lines + blocks - 1) / blocks : 0};
 }
 
-/* One register block's share of the prefetches, into L2 (locality 1). */
+/* One register block's share of the prefetches. */
 static inline void ahead_step(Ahead *a) {
     for (const int64_t end = a->line + a->per_block < a->lines ? a->line + a->per_block : a->lines; a->line < end;
          a->line++)
-        __builtin_prefetch(a->base + a->line * 64, 0, 1);
+        __builtin_prefetch(a->base + a->line * 64, 0, PREFETCH_LOCALITY);
 }
 
+/* Strips first .. first + count - 1 for every row of x: each register block of x rows passes all the group's
+ * strips while it is in L1, and the group's weights (GROUP strips) stay in L2 for the next block. Meanwhile
+ * the next group's weights are prefetched into L2, a few lines after each register block. Left to the hardware
+ * prefetcher, the first block of each group waited on memory, and the others computed with the bus idle: this
+ * overlap took the projections of a batch-8 step from 27.5 to 17.6 ms, and of a batch-64 step from 99 to 82.
+ * (Into L1 as well, locality 3, it was no faster at batch 32-64 and slower at 4-8: it evicts x.) */
 static void project_strips(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n,
                            int64_t first, int64_t count, int add) {
     Ahead ahead = ahead_of(w, k, n, (first + count) * STRIP, count * STRIP, (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count);

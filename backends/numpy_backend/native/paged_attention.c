@@ -15,7 +15,8 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t block_size, int64_t table_stride, float scale, int64_t batch,
                          int64_t parallel_min_tokens) {
-    if (head_dim % LANES != 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP) return -2;
+    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP)
+        return -2;
     const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale};
     int64_t total;
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
@@ -55,7 +56,7 @@ int chunk_attention_f32(const float *q, const float *k_layer, const float *v_lay
                         int64_t table_len, int64_t num_blocks, int64_t context, int64_t n, float *out,
                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
                         int64_t parallel_min_pairs) {
-    if (head_dim % LANES != 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
+    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
     if (check_chunk_blocks(table, context, block_size, num_blocks) != 0) return -5;
     const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale};
