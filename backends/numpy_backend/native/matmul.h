@@ -156,7 +156,8 @@ static void project_rest(const float *x, const float *w, float *y, int64_t m, in
 
 /* y (m, n) = x (m, k) @ w.T, or y += x @ w.T with `add`; needs k % 8 == 0. The tiles (or strips) are shared
  * among the threads of the enclosing OpenMP parallel region (an orphaned `omp for`, which ends in a barrier);
- * called outside one, a single thread does them all. */
+ * called outside one, a single thread does them all. (inline: the chunk kernel includes this header and does
+ * not call it.) */
 static inline void project_rows(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int add) {
     const int blocked = m >= MIN_BLOCKED_ROWS;
     const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
