@@ -277,6 +277,13 @@ static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_strid
     }
 }
 
+/* 1 when the blocks a sequence of ctx tokens reads (the first ones of its table) all lie in the cache. */
+static int table_in_cache(const int32_t *table, int64_t ctx, int64_t block_size, int64_t num_blocks) {
+    for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; b++)
+        if (table[b] < 0 || table[b] >= num_blocks) return 0;
+    return 1;
+}
+
 /* Validates the context lengths: -3 if one is outside 1..table_stride * block_size; else their maximum. */
 static int64_t max_context(const int32_t *context_lens, int64_t batch, int64_t max_len, int64_t *total) {
     int64_t top = 1;

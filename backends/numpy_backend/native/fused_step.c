@@ -167,11 +167,8 @@ static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const Ste
 static int check_cache_refs(const ModelShape *m, const StepRows *s) {
     for (int64_t r = 0; r < s->rows; r++) {
         if (s->slots[r] >= m->num_blocks * m->block_size) return -5;
-        const int64_t used = (s->context_lens[r] + m->block_size - 1) / m->block_size;
-        for (int64_t b = 0; b < used; b++) {
-            const int32_t block = s->block_tables[r * s->table_stride + b];
-            if (block < 0 || block >= m->num_blocks) return -5;
-        }
+        if (!table_in_cache(s->block_tables + r * s->table_stride, s->context_lens[r], m->block_size, m->num_blocks))
+            return -5;
     }
     return 0;
 }

@@ -22,7 +22,7 @@ MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
 PARALLEL_MIN_TOKENS = 2048
 _ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
            -3: "context length outside its block table"}
-_CHUNK_ERRORS = {-3: "chunk longer than its context, or context outside its block table",
+_CHUNK_ERRORS = {**_ERRORS, -3: "chunk longer than its context, or context outside its block table",
                  -5: "block outside the cache"}
 
 
@@ -60,9 +60,7 @@ class NativeAttention:
         status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
                           lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
                           dim**-0.5, batch, self.parallel_min_tokens)
-        if status != 0:
-            _check(status != -1, _ERRORS[-1], MemoryError)
-            _check(False, _ERRORS.get(status, f"status {status}"))
+        _check_status(status, _ERRORS)
         return out
 
     def chunk(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
@@ -82,10 +80,15 @@ class NativeAttention:
         status = self._chunk_fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, table.ctypes.data,
                                 table.shape[0], num_blocks, context_len, n, out.ctypes.data, heads, kv_heads, dim,
                                 block_size, dim**-0.5, self.parallel_min_tokens)
-        if status != 0:
-            _check(status != -1, _ERRORS[-1], MemoryError)
-            _check(False, _CHUNK_ERRORS.get(status, _ERRORS.get(status, f"status {status}")))
+        _check_status(status, _CHUNK_ERRORS)
         return out
+
+
+def _check_status(status: int, messages: dict[int, str]) -> None:
+    """A kernel's return code: 0 is success, -1 out of memory, the others the input it refused."""
+    if status != 0:
+        _check(status != -1, messages[-1], MemoryError)
+        _check(False, messages.get(status, f"status {status}"))
 
 
 def _check(condition: bool, message: str, error: type[Exception] = ValueError) -> None:

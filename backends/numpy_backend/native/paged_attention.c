@@ -40,13 +40,6 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
     return status;
 }
 
-/* 0, or -5 when a block the chunk reads lies outside the cache. */
-static int check_chunk_blocks(const int32_t *table, int64_t context, int64_t block_size, int64_t num_blocks) {
-    for (int64_t b = 0; b < (context + block_size - 1) / block_size; b++)
-        if (table[b] < 0 || table[b] >= num_blocks) return -5;
-    return 0;
-}
-
 /* One sequence's prefill chunk: q, out (n, heads, head_dim), the last n of its `context` positions, whose K/V
  * are already in the cache; table: the sequence's blocks (table_len of them, int32). With at least
  * `parallel_min_pairs` query-key pairs, the gather and then the (kv head, tile) items are shared out among
@@ -58,7 +51,7 @@ int chunk_attention_f32(const float *q, const float *k_layer, const float *v_lay
                         int64_t parallel_min_pairs) {
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
-    if (check_chunk_blocks(table, context, block_size, num_blocks) != 0) return -5;
+    if (!table_in_cache(table, context, block_size, num_blocks)) return -5;
     const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale};
     float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));
     if (keys == NULL) return -1;
