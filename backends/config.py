@@ -16,6 +16,7 @@ class BackendConfig:
     sim_profile: str = "zero"  # sim only: zero | cpu | a100 | h100 | h200
     sim_clock: str = "real"  # sim only: real (sleeps) | virtual (advances a counter)
     sim_seed: int = 0
+    sim_faults: str = ""  # sim only: injected failures, e.g. "step_error@3,bad_token%5" (sim_backend/faults.py)
     cpu_kernels: str = "auto"  # numpy only: auto (C kernels, NumPy if no compiler) | native | numpy
 
     def __post_init__(self) -> None:
@@ -23,3 +24,7 @@ class BackendConfig:
             raise ValueError(f"backend dtype must be float32, float16 or bfloat16, not {self.dtype!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {CPU_KERNELS}, not {self.cpu_kernels!r}")
+        if self.sim_faults:  # a typo fails at start-up, naming the item
+            from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
+
+            parse_faults(self.sim_faults)

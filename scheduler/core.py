@@ -4,6 +4,7 @@ offline `LLM` both drive it: `plan()`, run the batch on the backend, `commit()`.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler, SchedulerPlan, StepUpdates
 from scheduler.sequence import SequenceStatus
+from scheduler.step_check import out_of_vocabulary
 from telemetry.interface import (
     EngineObserver,
     NullObserver,
@@ -37,6 +39,8 @@ from telemetry.interface import (
     StepTokens,
     observes_steps,
 )
+
+log = logging.getLogger("pagedserve.engine")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class EngineCore:
         self.config = config
         self.kv = kv
         self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids))
         self.observer: EngineObserver = observer or NullObserver()
@@ -121,7 +126,12 @@ class EngineCore:
 
     def abort_all(self, error: str) -> None:
         for request_id in list(self.requests):
-            self.abort(request_id, error)
+            try:
+                self.abort(request_id, error)
+            except Exception:  # noqa: BLE001 - a broken state (the engine is failing): end the stream at least
+                state = self.requests.pop(request_id, None)
+                if state is not None:
+                    state.stream.finish(error)
 
     # --- stepping --------------------------------------------------------------------------------
     @property
@@ -139,14 +149,30 @@ class EngineCore:
                 state.first_scheduled = now
         return plan
 
-    def commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
-        """Apply a finished step: the scheduler's update, then its outputs."""
-        self.process_outputs(plan, self.scheduler.update(plan, output), started)
+    def commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> list[str]:
+        """Apply a finished step: the backend's tokens checked, the scheduler's update, then its outputs.
+        Returns the requests it failed (a token id outside the vocabulary, an output that could not be
+        processed); raises BadStepOutputError, changing nothing, when the output is unusable as a whole."""
+        failed = self._fail_out_of_vocabulary(plan, output)
+        return failed + self.process_outputs(plan, self.scheduler.update(plan, output), started)
 
-    def process_outputs(self, plan: SchedulerPlan, updates: StepUpdates, started: float) -> None:
-        """Tokens into streams (text, stop strings), readers woken, telemetry told, finished requests closed."""
+    def _fail_out_of_vocabulary(self, plan: SchedulerPlan, output: StepOutput) -> list[str]:
+        first_bad: dict[str, int] = {}
+        for row, token in out_of_vocabulary(output, len(plan.sampled), self.vocab_size):
+            first_bad.setdefault(plan.sampled[row].request_id, token)
+        for request_id, token in first_bad.items():
+            log.error("request %s: the backend returned token id %d, outside the vocabulary", request_id, token)
+            self.abort(request_id, f"the model backend returned token id {token}, outside the vocabulary "
+                                   f"({self.vocab_size} tokens)")
+        if first_bad:
+            self.observer.step_failed("bad_output")
+        return list(first_bad)
+
+    def process_outputs(self, plan: SchedulerPlan, updates: StepUpdates, started: float) -> list[str]:
+        """Tokens into streams (text, stop strings), readers woken, telemetry told, finished requests closed.
+        Returns the requests whose output could not be processed, which are failed."""
         end = self.clock()
-        touched, ending = apply_updates(self.requests, updates, self.scheduler)
+        touched, ending, broken = apply_updates(self.requests, updates, self.scheduler)
         counts, firsts = self._publish(touched, end)
         if self._observes_steps:
             tokens = StepTokens(plan.step_id, end, len(plan.seqs), plan.prefill_tokens, list(touched), counts,
@@ -155,6 +181,12 @@ class EngineCore:
         for state in ending.values():
             if state.finished:
                 self._close(state, None)
+        for request_id, exc in broken.items():
+            log.error("request %s: processing its output failed", request_id, exc_info=exc)
+            self.abort(request_id, f"processing this request's output failed: {type(exc).__name__}: {exc}")
+        if broken:
+            self.observer.step_failed("output_processing")
+        return list(broken)
 
     def _publish(self, touched: dict[str, RequestState], end: float) -> tuple[list[int], frozenset[str]]:
         """Wake each reader once per step; returns each request's token count and those that got their first."""
@@ -170,13 +202,20 @@ class EngineCore:
                 firsts.append(request_id)
         return counts, frozenset(firsts)
 
-    def fail(self, plan: SchedulerPlan, error: str) -> None:
-        """The backend raised on this step: fail only the requests it carried."""
-        for request_id in {seq.request_id for seq in plan.seqs}:
+    def fail(self, plan: SchedulerPlan, error: str, cause: str = "backend_error") -> None:
+        """The step failed as a whole (cause: telemetry's STEP_FAILURE_CAUSES): fail only the requests it
+        carried."""
+        for request_id in dict.fromkeys(seq.request_id for seq in plan.seqs):
             self.abort(request_id, error)
-        # Blocks were published in the prefix cache when planned, but this step never wrote their KV: a later
-        # prompt must not hit them. Failures are rare, so forgetting the whole cache is the simple safe way.
+        # Blocks were published in the prefix cache when planned, but this step may not have written their KV: a
+        # later prompt must not hit them. Failures are rare, so forgetting the whole cache is the simple safe way.
         self.kv.reset_prefix_cache()
+        self.observer.step_failed(cause)
+
+    def check_consistency(self) -> None:
+        """Raises when the KV pool or the scheduler's rows are inconsistent (O(blocks + rows): for failures)."""
+        self.kv.check_invariants()
+        self.scheduler.check_rows()
 
     def _close(self, state: RequestState, error: str | None) -> None:
         self.requests.pop(state.request.request_id, None)

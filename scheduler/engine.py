@@ -1,12 +1,19 @@
-"""The async engine: one asyncio task owns the scheduler; the backend's step runs in a worker thread so the
-event loop keeps streaming while the model computes."""
+"""The async engine: one asyncio task owns the scheduler; the backend's step runs in a thread of its own so the
+event loop keeps streaming while the model computes.
+
+The engine supervises its own steps. A step that fails (the backend raises, returns an unusable output, or a
+request's output cannot be processed) fails only the requests it touches, and the engine goes on. What it
+cannot go on from, it declares: the engine *fails* when a step hangs past the watchdog, when too many steps
+fail in a row, when a failure leaves the KV pool or the scheduler inconsistent, or on a bug in the loop itself.
+Then every request still in flight ends with an error, nothing more is admitted, and `wait_failed()` returns
+the cause, once, for the server to report and exit on.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from backends.base import Backend, StepOutput
 from kvpool import KVCacheManager
@@ -17,23 +24,35 @@ from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from scheduler.scheduler import SchedulerPlan
+from scheduler.step_check import BadStepOutputError
+from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
 from telemetry.interface import EngineObserver
 
 log = logging.getLogger("pagedserve.engine")
 SHUTDOWN_ERROR = "server shutting down"
+MAX_CONSECUTIVE_FAILURES = 5  # failed steps in a row that mean the backend is broken, not unlucky
+
+
+class EngineFailedError(Exception):
+    """The engine cannot go on; the message is the cause."""
 
 
 class Engine:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
-                 tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None) -> None:
+                 tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
+                 step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> None:
+        """step_timeout_s: the watchdog's limit on one step (0: none)."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
                                            observer=observer)
         self.backend = backend
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedserve-step")
+        self._runner = StepRunner(backend.execute, inline=bool(getattr(backend, "step_is_instant", False)),
+                                  timeout_s=step_timeout_s)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._inline = bool(getattr(backend, "step_is_instant", False))
+        self._failures = _FailureCount(max_consecutive_failures)
+        self._failed = asyncio.Event()
+        self.failure: str | None = None  # why the engine failed, once it has
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -50,7 +69,13 @@ class Engine:
         if self._task is not None:
             await self._task
         self.core.abort_all(SHUTDOWN_ERROR)
-        self._executor.shutdown(wait=True)
+        self._runner.close()
+
+    async def wait_failed(self) -> str:
+        """Returns the cause once the engine has failed (never, while it is sound)."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     @property
     def accepting(self) -> bool:
@@ -77,32 +102,97 @@ class Engine:
 
     # --- the loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping:
-            if not self.core.has_work:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            plan = self.core.plan()
-            if plan.batch is None:  # waiting work that cannot be placed yet: let aborts/arrivals in
-                await asyncio.sleep(0.001)
-                continue
-            started = self.core.clock()
-            try:
-                output = await self._execute(loop, plan)
-            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
-                self._fail(plan, exc)
-                continue
-            self.core.commit(plan, output, started)
-            await asyncio.sleep(0)  # let readers and new arrivals run between steps
+        try:
+            while not self._stopping:
+                await self._next()
+        except EngineFailedError as exc:
+            self._fail_engine(str(exc), exc.__cause__)
+        except Exception as exc:  # noqa: BLE001 - a bug in the loop itself: nothing it holds can be trusted
+            self._fail_engine(f"the engine loop raised {type(exc).__name__}: {exc}", exc)
 
-    async def _execute(self, loop: asyncio.AbstractEventLoop, plan: SchedulerPlan) -> StepOutput:
+    async def _next(self) -> None:
+        if not self.core.has_work:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        plan = self._plan()
+        if plan.batch is None:  # waiting work that cannot be placed yet: let aborts/arrivals in
+            await asyncio.sleep(0.001)
+            return
+        started = self.core.clock()
+        output = await self._execute(plan)
+        if output is not None:
+            self._commit(plan, output, started)
+        await asyncio.sleep(0)  # let readers and new arrivals run between steps
+
+    def _plan(self) -> SchedulerPlan:
+        try:
+            return self.core.plan()
+        except Exception as exc:
+            raise EngineFailedError(f"planning a step raised {type(exc).__name__}: {exc}") from exc
+
+    async def _execute(self, plan: SchedulerPlan) -> StepOutput | None:
+        """The step's output, or None when it failed (its requests were failed)."""
         assert plan.batch is not None
-        if self._inline:  # an instant step: the thread hop would cost more than the step
-            return self.backend.execute(plan.batch)
-        return await loop.run_in_executor(self._executor, self.backend.execute, plan.batch)
+        try:
+            return await self._runner.run(plan.batch)
+        except StepTimeoutError as exc:
+            self.core.observer.step_failed("hang")
+            raise EngineFailedError(str(exc)) from None
+        except StepCrashedError as exc:
+            self.core.observer.step_failed("crash")
+            raise EngineFailedError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+            message = f"the model backend failed on this request's step: {type(exc).__name__}: {exc}"
+            self._step_failed(plan, "backend_error", message, exc)
+            return None
 
-    def _fail(self, plan: SchedulerPlan, exc: Exception) -> None:
-        log.exception("engine step %d failed; failing its %d requests", plan.step_id, len(plan.seqs),
-                      exc_info=exc)
-        self.core.fail(plan, f"the model backend failed on this request's step: {type(exc).__name__}: {exc}")
+    def _commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
+        try:
+            failed = self.core.commit(plan, output, started)
+        except BadStepOutputError as exc:  # nothing was applied
+            self._step_failed(plan, "bad_output", f"the model backend's output was unusable: {exc}", exc)
+        except Exception as exc:  # noqa: BLE001 - applied in part: fail the step, then check what is left
+            message = f"applying this request's step failed: {type(exc).__name__}: {exc}"
+            self._step_failed(plan, "output_processing", message, exc)
+            self._check_consistency(message)
+        else:
+            self._failures.record(bool(failed), "a request's output was unusable (see the log)")
+
+    def _step_failed(self, plan: SchedulerPlan, cause: str, message: str, exc: BaseException) -> None:
+        log.error("engine step %d failed (%s); failing its %d sequences: %s", plan.step_id, cause,
+                  len(plan.seqs), message, exc_info=exc)
+        try:
+            self.core.fail(plan, message, cause)
+        except Exception as inner:
+            raise EngineFailedError(f"{message}; failing the step's requests then raised {inner!r}") from inner
+        self._failures.record(True, message)
+
+    def _check_consistency(self, message: str) -> None:
+        try:
+            self.core.check_consistency()
+        except Exception as exc:
+            raise EngineFailedError(f"{message}; it left the KV pool or the scheduler inconsistent: {exc}") from exc
+
+    def _fail_engine(self, cause: str, exc: BaseException | None) -> None:
+        """Once: log the cause, end every request in flight with an error, admit nothing more."""
+        log.critical("the engine has failed and cannot serve any more: %s", cause, exc_info=exc)
+        self.failure = cause
+        self._stopping = True
+        self.core.accepting = False
+        self._runner.close()
+        self.core.abort_all(f"the engine failed: {cause}")
+        self._failed.set()
+
+
+class _FailureCount:
+    """Failed steps in a row; too many mean the backend is broken."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_a_row = 0
+
+    def record(self, failed: bool, message: str) -> None:
+        self.in_a_row = self.in_a_row + 1 if failed else 0
+        if self.limit and self.in_a_row >= self.limit:
+            raise EngineFailedError(f"{self.in_a_row} engine steps in a row failed; the last: {message}")

@@ -20,6 +20,9 @@ class TokenizerLike(Protocol):
     @property
     def eos_token_ids(self) -> tuple[int, ...]: ...
 
+    @property
+    def vocab_size(self) -> int: ...
+
     def detokenizer(self, skip_special_tokens: bool = True) -> Detokenizer: ...
 
 
@@ -66,18 +69,28 @@ def _sequence(request: EngineRequest, seq_id: int, index: int) -> Sequence:
 
 
 def apply_updates(requests: dict[str, RequestState], updates: StepUpdates, scheduler: Scheduler
-                  ) -> tuple[dict[str, RequestState], dict[str, RequestState]]:
-    """Each new token into its request's stream. Returns the requests that got tokens, in step order, and
-    those of them with a choice that ended this step."""
+                  ) -> tuple[dict[str, RequestState], dict[str, RequestState], dict[str, Exception]]:
+    """Each new token into its request's stream. Returns the requests that got tokens, in step order, those of
+    them with a choice that ended this step, and those whose output could not be processed (with the error):
+    a failure in one request's detokenizer or stop check is that request's alone."""
     touched: dict[str, RequestState] = {}
     ending: dict[str, RequestState] = {}
+    broken: dict[str, Exception] = {}
     logprobs, finished = updates.logprobs, updates.finished
     for i, (seq, token) in enumerate(zip(updates.seqs, updates.token_ids, strict=True)):
+        if seq.request_id in broken:
+            continue
         state = touched[seq.request_id] = requests[seq.request_id]
         state.step_tokens += 1
-        if emit_token(state, seq, token, logprobs[i] if logprobs else None, i in finished, scheduler):
-            ending[seq.request_id] = state
-    return touched, ending
+        try:
+            if emit_token(state, seq, token, logprobs[i] if logprobs else None, i in finished, scheduler):
+                ending[seq.request_id] = state
+        except Exception as exc:  # noqa: BLE001 - the caller fails this request and logs why
+            broken[seq.request_id] = exc
+    for request_id in broken:
+        touched.pop(request_id, None)
+        ending.pop(request_id, None)
+    return touched, ending, broken
 
 
 def emit_token(state: RequestState, seq: Sequence, token: int, logprob: TokenLogprob | None, finished: bool,

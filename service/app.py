@@ -73,11 +73,15 @@ async def _load(app: web.Application, build: RuntimeBuilder) -> None:
 async def stop_engine(app: web.Application, drain_timeout: float) -> None:
     """Stop admitting at once (503), let in-flight requests run up to drain_timeout, abort the rest."""
     state = app[STATE_KEY]
+    state.stop_watching()
     if state.runtime is None or state.phase is Phase.STOPPED:
         state.phase = Phase.STOPPED if state.phase is not Phase.FAILED else state.phase
         return
-    state.phase = Phase.DRAINING
+    unhealthy = state.phase is Phase.UNHEALTHY  # stays the phase to the end: /health keeps saying why
+    if not unhealthy:
+        state.phase = Phase.DRAINING
     await state.runtime.engine.stop(drain_timeout)
     if state.runtime.telemetry is not None:  # flushes spans: bounded, and off the event loop
         await asyncio.to_thread(state.runtime.telemetry.shutdown)
-    state.phase = Phase.STOPPED
+    if not unhealthy:
+        state.phase = Phase.STOPPED

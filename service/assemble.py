@@ -53,7 +53,7 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
 
 def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None) -> Engine:
     return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
-                  max_model_len=parts.max_model_len, observer=observer)
+                  max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s)
 
 
 def build_llm(config: AppConfig, parts: ModelParts) -> LLM:

@@ -27,6 +27,7 @@ class ServiceConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0  # on SIGTERM/SIGINT: how long in-flight requests may finish
+    step_timeout_s: float = 300.0  # a backend step running longer is a hang: the server fails and exits; 0: off
     max_stream_events_per_s: float = 2000.0  # SSE events/s over all streams; 0: one event per engine output
     log_prompts: bool = False  # prompts and outputs are private unless asked for
     log_level: str = "info"
@@ -37,9 +38,10 @@ class ServiceConfig:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, not {self.max_body_bytes}")
-        if self.request_timeout_s <= 0 or self.drain_timeout_s < 0 or self.max_stream_events_per_s < 0:
-            raise ValueError("request_timeout_s must be positive, drain_timeout_s and max_stream_events_per_s "
-                             "non-negative")
+        if self.request_timeout_s <= 0 or min(self.drain_timeout_s, self.max_stream_events_per_s,
+                                              self.step_timeout_s) < 0:
+            raise ValueError("request_timeout_s must be positive; drain_timeout_s, max_stream_events_per_s and "
+                             "step_timeout_s non-negative")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
         if self.preset is not None and self.preset not in PRESETS:

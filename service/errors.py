@@ -54,6 +54,10 @@ def shutting_down() -> APIError:
     return unavailable("the server is shutting down", "shutting_down", retry_after=5)
 
 
+def engine_failed(cause: str | None) -> APIError:
+    return unavailable(f"the engine failed and the server is restarting: {cause}", "engine_failed", retry_after=5)
+
+
 def server_error(message: str, code: str = "internal_error") -> APIError:
     return APIError(500, message, "server_error", None, code)
 
@@ -76,8 +80,11 @@ def timed_out(seconds: float) -> APIError:
                     code="request_timeout")
 
 
-def engine_failure(accepting: bool, message: str) -> APIError:
-    """A request the engine ended with an error: cut short by shutdown (503), or a backend failure (500)."""
+def engine_failure(accepting: bool, message: str, engine_failed: bool = False) -> APIError:
+    """A request the engine ended with an error: cut short by the engine failing or by shutdown (503: retry
+    elsewhere), or a failure of its own step (500)."""
+    if engine_failed:
+        return unavailable(f"the request was cut short: {message}", "engine_failed", retry_after=5)
     if not accepting:
         return unavailable(f"the request was cut short: {message}", "shutting_down")
     return server_error(f"generation failed: {message}", "engine_error")

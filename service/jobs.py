@@ -83,7 +83,7 @@ async def complete_job(engine: EngineLike, job: Job, streams: list[RequestStream
         raise timed_out(job.timeout_s) from None
     failed = next((f.error for f in finals if f.error), None)
     if failed is not None:
-        raise engine_failure(engine.accepting, failed)
+        raise engine_failure(engine.accepting, failed, engine.failure is not None)
     body = fmt.response(_flatten(finals, job.params.n), usage_of(finals))
     return web.Response(body=msgspec.json.encode(body), content_type=JSON_CONTENT)
 

@@ -3,6 +3,10 @@
 Shutdown: stop admitting (new requests and /health get 503), let in-flight requests finish for up to the
 drain timeout, abort the rest (their streams get a final error event), close the listener, exit 0. A second
 signal skips what is left of the drain.
+
+If the engine fails while serving (it has ended every request in flight with an error and logged why), the
+server answers 503 for FAILED_LINGER_S more (/health included, so a prober sees why), lets handlers write
+their last errors, then exits with EXIT_ENGINE_FAILED for a supervisor (compose, Kubernetes) to restart it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from service.state import STATE_KEY, Phase, RuntimeBuilder, ServerState
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5.0  # after the drain, how long aiohttp waits for handlers to write their last bytes
+EXIT_LOAD_FAILED = 2
+EXIT_ENGINE_FAILED = 3
+FAILED_LINGER_S = 1.0
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
@@ -38,33 +45,37 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
 
 async def serve(config: AppConfig, build: RuntimeBuilder = build_runtime,
                 announce: Callable[[str], None] = print) -> int:
-    """Serve until SIGTERM/SIGINT (exit status 0), or until the model fails to load (2)."""
+    """Serve until SIGTERM/SIGINT (exit status 0), the model fails to load (EXIT_LOAD_FAILED) or the engine
+    fails (EXIT_ENGINE_FAILED)."""
     app = create_app(config, build)
     runner, url = await start_site(app, config.service.host, config.service.port)
-    announce(f"pagedserve listening on {url} (model {app[STATE_KEY].model_name}, backend {config.backend.name})")
+    state = app[STATE_KEY]
+    announce(f"pagedserve listening on {url} (model {state.model_name}, backend {config.backend.name})")
     signals = _Signals()
     try:
-        if not await _until_signal(app[STATE_KEY], signals.first):
-            print(f"error: {app[STATE_KEY].failure}", file=sys.stderr)
-            return 2
-        await _drain(app, config.service.drain_timeout_s, signals.second)
-        return 0
+        await _until_done(state, signals.first)
+        if state.phase is Phase.FAILED:
+            print(f"error: {state.failure}", file=sys.stderr)
+            return EXIT_LOAD_FAILED
+        if state.phase is not Phase.UNHEALTHY:
+            await _drain(app, config.service.drain_timeout_s, signals.second)
+            return 0
+        print(f"error: the engine failed, exiting: {state.failure}", file=sys.stderr)
+        await asyncio.sleep(FAILED_LINGER_S)
+        return EXIT_ENGINE_FAILED
     finally:
         await runner.cleanup()
         signals.remove()
 
 
-async def _until_signal(state: ServerState, signalled: asyncio.Event) -> bool:
-    """Wait for the first signal; False if the model failed to load before it came."""
-    stop = asyncio.create_task(signalled.wait())
-    settled = asyncio.create_task(state.settled.wait())
-    await asyncio.wait([stop, settled], return_when=asyncio.FIRST_COMPLETED)
-    settled.cancel()
-    if state.phase is Phase.FAILED:
-        stop.cancel()
-        return False
-    await stop
-    return True
+async def _until_done(state: ServerState, signalled: asyncio.Event) -> None:
+    """Wait for the first signal, for the model failing to load, or for the engine failing."""
+    waits = [asyncio.create_task(event.wait()) for event in (signalled, state.settled, state.broken)]
+    await asyncio.wait(waits[:2], return_when=asyncio.FIRST_COMPLETED)
+    if state.phase is not Phase.FAILED:  # loaded (or signalled first): wait for a signal or a failure
+        await asyncio.wait([waits[0], waits[2]], return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
 
 
 async def _drain(app: web.Application, timeout: float, second: asyncio.Event) -> None:

@@ -25,7 +25,8 @@ class Phase(enum.Enum):
     READY = "ready"
     DRAINING = "draining"
     STOPPED = "stopped"
-    FAILED = "failed"
+    FAILED = "failed"  # the model did not load
+    UNHEALTHY = "unhealthy"  # the engine failed while serving: the server drains and exits non-zero
 
 
 class EngineLike(Protocol):
@@ -37,6 +38,11 @@ class EngineLike(Protocol):
     @property
     def max_model_len(self) -> int: ...
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine failed; None while it is sound."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self, drain_timeout: float = 0.0) -> None: ...
@@ -46,6 +52,8 @@ class EngineLike(Protocol):
     def abort(self, request_id: str) -> None: ...
 
     def stats(self) -> Any: ...
+
+    async def wait_failed(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]
 
 
 class ServerState:
-    """The lifecycle: loading -> ready -> draining -> stopped (or loading -> failed)."""
+    """The lifecycle: loading -> ready -> draining -> stopped (or loading -> failed, or ready -> unhealthy)."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -71,12 +79,28 @@ class ServerState:
         self.runtime: Runtime | None = None
         self.failure: str | None = None
         self.settled = asyncio.Event()  # set once loading succeeded or failed
+        self.broken = asyncio.Event()  # set once the engine failed while serving
         self.streams = ActiveStreams()
+        self._watch: asyncio.Task[None] | None = None
 
     def ready(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.phase = Phase.READY
         self.settled.set()
+        self._watch = asyncio.get_running_loop().create_task(self._watch_engine(runtime.engine))
+
+    async def _watch_engine(self, engine: EngineLike) -> None:
+        self.unhealthy(await engine.wait_failed())
+
+    def unhealthy(self, cause: str) -> None:
+        """The engine failed (it has logged why): refuse everything from now on, health included."""
+        self.failure = cause
+        self.phase = Phase.UNHEALTHY
+        self.broken.set()
+
+    def stop_watching(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
 
     def fail(self, message: str) -> None:
         self.failure = message

@@ -57,7 +57,7 @@ async def _pump(resp: web.StreamResponse, engine: EngineLike, job: Job, streams:
     except TimeoutError:
         return error_event(timed_out(job.timeout_s)) + DONE
     if error is not None:
-        return error_event(engine_failure(engine.accepting, error)) + DONE
+        return error_event(engine_failure(engine.accepting, error, engine.failure is not None)) + DONE
     usage = fmt.usage_chunk(usage_of([f for f in finals if f is not None])) if job.include_usage else b""
     return usage + DONE
 

@@ -101,6 +101,13 @@ class EngineObserver(Protocol):
 
     def request_rejected(self, reason: str) -> None: ...
 
+    def step_failed(self, cause: str) -> None:
+        """An engine step failed (cause: one of STEP_FAILURE_CAUSES); its requests were failed."""
+        ...
+
+
+STEP_FAILURE_CAUSES = ("backend_error", "bad_output", "output_processing", "hang", "crash")
+
 
 class NullObserver:
     """Telemetry off: every hook does nothing."""
@@ -119,6 +126,9 @@ class NullObserver:
         pass
 
     def request_rejected(self, reason: str) -> None:
+        pass
+
+    def step_failed(self, cause: str) -> None:
         pass
 
 

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from telemetry.interface import RequestRecord, StepRecord, TokenRecord
+from telemetry.interface import STEP_FAILURE_CAUSES, RequestRecord, StepRecord, TokenRecord
 from telemetry.itl import CAUSES, SlowToken
 from telemetry.tracker import RequestState
 
@@ -92,6 +92,8 @@ class TelemetryMetrics(Collector):
         self.rejections = Labelled("request_rejected", "Requests refused at admission", "reason", REJECT_REASONS)
         self.slow_tokens = Labelled("slow_token", "Tokens whose gap exceeded the slow threshold, by cause",
                                     "cause", CAUSES)
+        self.step_failures = Labelled("engine_step_failures", "Engine steps that failed (their requests failed)",
+                                      "cause", STEP_FAILURE_CAUSES)
         self._drop_lock = threading.Lock()  # drops are counted from two threads
         self.registry.register(self)
 
@@ -122,7 +124,7 @@ class TelemetryMetrics(Collector):
             yield CounterMetricFamily(PREFIX + name, COUNTERS[name], value=value)
         for name, value in list(self.gauges.items()):
             yield GaugeMetricFamily(PREFIX + name, GAUGES[name], value=value)
-        for labelled in (self.success, self.rejections, self.slow_tokens):
+        for labelled in (self.success, self.rejections, self.slow_tokens, self.step_failures):
             yield labelled.family()
 
     def render(self) -> bytes:
@@ -186,6 +188,9 @@ class TelemetryMetrics(Collector):
 
     def rejected(self, reason: str) -> None:
         self.rejections.inc(reason)
+
+    def step_failed(self, cause: str) -> None:
+        self.step_failures.inc(cause)
 
 
 COUNTERS = {

@@ -92,6 +92,10 @@ class Telemetry:
         if self._worker is not None:
             self._worker.put(self._tracker.request_rejected, reason)
 
+    def step_failed(self, cause: str) -> None:
+        if self._worker is not None:
+            self._worker.put(self.metrics.step_failed, cause)
+
     def _queued(self, request_id: str, now: float, prompt_tokens: int, params: Any, trace_context: Any) -> None:
         self._tracker.request_queued(request_id, now, prompt_tokens, params, as_request_context(trace_context))
 

@@ -13,6 +13,7 @@ from backends.model.loader import ModelFiles
 from backends.sim_backend.backend import SimBackend
 from backends.sim_backend.clock import Clock, RealClock, VirtualClock, make_clock
 from backends.sim_backend.cost_model import CostModel, ModelShape, StepCost, StepWork
+from backends.sim_backend.faults import parse_faults
 from backends.sim_backend.profiles import PROFILES, HardwareProfile, get_profile
 from backends.sim_backend.tokens import ordinary_token_ids
 
@@ -26,7 +27,8 @@ def create(config: BackendConfig, files: ModelFiles) -> SimBackend:
     """The registry's factory: reads only the model's config and tokenizer, never its weights."""
     try:
         profile, clock = get_profile(config.sim_profile), make_clock(config.sim_clock)
+        faults = parse_faults(config.sim_faults)
     except ValueError as exc:
         raise BackendError(str(exc)) from None
     vocab = ordinary_token_ids(files.tokenizer, files.config)
-    return SimBackend(files.config, vocab, profile, clock, seed=config.sim_seed)
+    return SimBackend(files.config, vocab, profile, clock, seed=config.sim_seed, faults=faults)

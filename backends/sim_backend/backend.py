@@ -8,6 +8,7 @@ from backends.base import KVGeometry, LongArray, StepBatch, StepOutput
 from backends.model.config import ModelConfig
 from backends.sim_backend.clock import Clock, RealClock
 from backends.sim_backend.cost_model import CostModel, StepCost
+from backends.sim_backend.faults import Fault, FaultInjector, InjectedFault
 from backends.sim_backend.logprobs import pseudo_logprobs
 from backends.sim_backend.profiles import HardwareProfile
 from backends.sim_backend.tokens import pick, row_hashes
@@ -17,7 +18,7 @@ class SimBackend:
     name = "sim"
 
     def __init__(self, config: ModelConfig, vocab: LongArray, profile: HardwareProfile, clock: Clock,
-                 seed: int = 0) -> None:
+                 seed: int = 0, faults: tuple[Fault, ...] = ()) -> None:
         if vocab.size == 0:
             raise ValueError("the model's vocabulary has no ordinary tokens to simulate with")
         self.config = config
@@ -29,11 +30,13 @@ class SimBackend:
         self.num_blocks = 0
         self.block_size = 0
         self.last_cost: StepCost | None = None
+        self.faults = FaultInjector(faults, seed)
 
     @property
     def step_is_instant(self) -> bool:
-        """No sleeping: a worker-thread hop would cost more than the step itself."""
-        return self.profile.name == "zero" or not isinstance(self.clock, RealClock)
+        """No sleeping: a worker-thread hop would cost more than the step itself. Never with faults, which
+        may block (and must not block the event loop)."""
+        return not self.faults.faults and (self.profile.name == "zero" or not isinstance(self.clock, RealClock))
 
     @property
     def kv_geometry(self) -> KVGeometry:
@@ -45,11 +48,28 @@ class SimBackend:
 
     def execute(self, batch: StepBatch) -> StepOutput:
         start = self.clock.now()
+        firing = self.faults.next_step() if self.faults.faults else ()
         cost = self.cost_model.step_cost(batch)
         output = self._sample(batch, {"forward": cost.seconds})
         self.last_cost = cost
         self.clock.sleep_until(start + cost.seconds)  # the real clock absorbs the time spent above
+        return self._inject(firing, output) if firing else output
+
+    def _inject(self, firing: tuple[Fault, ...], output: StepOutput) -> StepOutput:
+        for fault in firing:
+            if fault.kind == "slow_step":
+                self.clock.sleep(fault.seconds or 0.0)
+            elif fault.kind == "hang":
+                self.faults.hang(fault)
+            elif fault.kind == "step_error":
+                raise InjectedFault(f"injected step_error on step {self.faults.steps}")
+            elif fault.kind == "bad_token" and output.token_ids.size:
+                output.token_ids[self.faults.pick_row(output.token_ids.size)] = self._out_of_vocabulary
         return output
+
+    @property
+    def _out_of_vocabulary(self) -> int:
+        return max(self.config.vocab_size, int(self.vocab.max()) + 1) + 1000
 
     def _sample(self, batch: StepBatch, timings: dict[str, float]) -> StepOutput:
         params = batch.sampling

@@ -8,7 +8,7 @@ import uuid
 from aiohttp import web
 
 from scheduler.params import SamplingParams
-from service.errors import APIError, bad_request, shutting_down, unavailable
+from service.errors import APIError, bad_request, engine_failed, shutting_down, unavailable
 from service.formats import Identity
 from service.jobs import Job
 from service.prompts import TokenIds
@@ -27,6 +27,8 @@ def runtime_of(request: web.Request) -> Runtime:
         raise unavailable("the model is still loading", "model_loading", retry_after=5)
     if state.phase is Phase.FAILED:
         raise unavailable(f"the model failed to load: {state.failure}", "model_load_failed")
+    if state.phase is Phase.UNHEALTHY:
+        raise engine_failed(state.failure)
     raise shutting_down()
 
 

@@ -11,6 +11,8 @@ from service.routes.common import served_model
 from service.schemas.responses import Health, ModelCard, ModelList
 from service.state import REGISTRY_KEY, STATE_KEY, Phase
 
+HEALTH_RETRY_AFTER_S = 5  # seconds: loading and draining take about that long to change
+
 
 async def list_models(request: web.Request) -> web.Response:
     return _json(ModelList("list", [_card(request)]))
@@ -28,9 +30,13 @@ def _card(request: web.Request) -> ModelCard:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 only when serving: load balancers stop routing here while loading or draining."""
+    """200 only when serving: load balancers stop routing here while loading, draining or failed."""
     phase = request.app[STATE_KEY].phase
-    return _json(Health(phase.value), 200 if phase is Phase.READY else 503)
+    if phase is Phase.READY:
+        return _json(Health(phase.value))
+    response = _json(Health(phase.value), 503)
+    response.headers["Retry-After"] = str(HEALTH_RETRY_AFTER_S)
+    return response
 
 
 async def metrics(request: web.Request) -> web.Response:

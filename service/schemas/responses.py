@@ -125,4 +125,4 @@ class ModelList(Struct):
 
 
 class Health(Struct):
-    status: str  # loading | ready | draining | stopped | failed
+    status: str  # loading | ready | draining | stopped | failed | unhealthy

@@ -4,57 +4,26 @@ finish, ends a long one with an error event after the drain timeout, and exits 0
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.service.rawhttp import request, sse_events
+from tests.service.process import serve_process
+from tests.service.rawhttp import sse_events
 
 DRAIN_S = 3.0
 
 
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    log = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}
-    cmd = [sys.executable, "-m", "service", "serve", "--backend", "sim", "--sim-profile", "cpu", "--port", "0",
-           "--num-blocks", "256", "--drain-timeout-s", str(DRAIN_S), "--log-level", "warning"]
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env=env)
-    try:
-        yield proc, _wait_listening(proc, log)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_listening(proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(r"listening on (http://\S+)", log.read_text())
-        if found:
-            url = found.group(1)
-            if _healthy(url):
-                return url
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.1)
-    raise AssertionError("server did not become ready: " + log.read_text())
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return request("GET", url + "/health").status == 200
-    except aiohttp.ClientError:
-        return False
+    args = ["--backend", "sim", "--sim-profile", "cpu", "--num-blocks", "256", "--drain-timeout-s", str(DRAIN_S),
+            "--log-level", "warning"]
+    with serve_process(tmp_path / "server.log", args) as server:
+        yield server.proc, server.url
 
 
 async def _open_stream(session: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:

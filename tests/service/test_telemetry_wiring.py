@@ -36,19 +36,23 @@ def test_traceparent_is_continued_and_metrics_are_served(model_files: ModelFiles
         try:
             body = {"prompt": "Hello there", "max_tokens": 5, "temperature": 0}
 
-            async def call() -> tuple[int, str]:
-                async with aiohttp.ClientSession() as session:
-                    async with session.post(f"{server.url}/v1/completions", json=body,
-                                            headers={"traceparent": TRACEPARENT}) as resp:
-                        await resp.read()
-                    async with session.get(f"{server.url}/metrics") as metrics:
-                        return resp.status, await metrics.text()
+            async def call() -> int:
+                async with aiohttp.ClientSession() as session, session.post(
+                        f"{server.url}/v1/completions", json=body, headers={"traceparent": TRACEPARENT}) as resp:
+                    await resp.read()
+                    return resp.status
 
-            status, metrics = server.run(call())
+            async def scrape() -> str:
+                async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as metrics:
+                    return await metrics.text()
+
+            status = server.run(call())
+            # the telemetry worker records asynchronously: let it catch up before reading what it recorded
+            server.call(lambda: server.state.runtime.telemetry.flush(5.0))  # type: ignore[union-attr]
+            metrics = server.run(scrape())
             assert status == 200
             assert "pagedserve:time_to_first_token_seconds_count 1.0" in metrics
             assert "pagedserve:generation_tokens_total 5.0" in metrics
-            server.call(lambda: server.state.runtime.telemetry.flush(5.0))  # type: ignore[union-attr]
             spans = _request_spans(receiver)
         finally:
             server.close()
