@@ -16,7 +16,8 @@ from service.metrics import create_registry
 from service.middleware import auth_middleware, counting_middleware, error_middleware
 from service.routes.completions import create_chat_completion, create_completion
 from service.routes.system import health, list_models, metrics, retrieve_model
-from service.state import CONFIG_KEY, REGISTRY_KEY, STATE_KEY, Phase, RuntimeBuilder, ServerState
+from service.state import CONFIG_KEY, ENCODER_KEY, REGISTRY_KEY, STATE_KEY, Phase, RuntimeBuilder, ServerState
+from service.tokenize import PromptEncoder
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ def create_app(config: AppConfig, build: RuntimeBuilder = build_runtime) -> web.
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app[REGISTRY_KEY] = registry
+    app[ENCODER_KEY] = PromptEncoder(config.service.tokenizer_threads)
     app.cleanup_ctx.append(_lifecycle(build))
     _add_routes(app)
     return app
@@ -51,6 +53,7 @@ def _lifecycle(build: RuntimeBuilder) -> Callable[[web.Application], AsyncIterat
         yield
         loading.cancel()
         await stop_engine(app, drain_timeout=0.0)
+        app[ENCODER_KEY].close()
 
     return lifecycle
 

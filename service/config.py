@@ -28,6 +28,7 @@ class ServiceConfig:
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0  # on SIGTERM/SIGINT: how long in-flight requests may finish
     step_timeout_s: float = 300.0  # a backend step running longer is a hang: the server fails and exits; 0: off
+    tokenizer_threads: int = 2  # threads tokenizing big prompts off the event loop
     max_stream_events_per_s: float = 2000.0  # SSE events/s over all streams; 0: one event per engine output
     log_prompts: bool = False  # prompts and outputs are private unless asked for
     log_level: str = "info"
@@ -42,6 +43,8 @@ class ServiceConfig:
                                               self.step_timeout_s) < 0:
             raise ValueError("request_timeout_s must be positive; drain_timeout_s, max_stream_events_per_s and "
                              "step_timeout_s non-negative")
+        if self.tokenizer_threads < 1:
+            raise ValueError(f"tokenizer_threads must be at least 1, not {self.tokenizer_threads}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
         if self.preset is not None and self.preset not in PRESETS:

@@ -13,20 +13,39 @@ from service.schemas.requests import ChatMessage, ContentPart
 TokenIds = tuple[int, ...]
 
 
-def completion_prompts(prompt: str | list[Any], tokenizer: Tokenizer) -> list[TokenIds]:
+def completion_prompts(prompt: str | list[Any], tokenizer: Tokenizer, max_model_len: int) -> list[TokenIds]:
     """OpenAI's four prompt forms: a string, a list of strings, a token list, a list of token lists."""
     if isinstance(prompt, str):
-        return [_checked(tokenizer.encode(prompt), tokenizer, "prompt")]
+        return [_checked(_encode(prompt, tokenizer, max_model_len, "prompt"), tokenizer, "prompt")]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         return [_checked(prompt, tokenizer, "prompt")]
     if all(isinstance(p, str) for p in prompt):
-        return [_checked(tokenizer.encode(p), tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt)]
+        return [_checked(_encode(p, tokenizer, max_model_len, f"prompt[{i}]"), tokenizer, f"prompt[{i}]")
+                for i, p in enumerate(prompt)]
     if all(isinstance(p, list) for p in prompt):
         return [_checked(p, tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt)]
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such "
                       "lists, not a mixture", "prompt")
+
+
+def num_prompts(prompt: str | list[Any]) -> int:
+    """How many prompts completion_prompts will make of `prompt` (a list of ints is one)."""
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        return 1
+    return len(prompt)
+
+
+def _encode(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> list[int]:
+    """Token ids of `text`, refusing without tokenizing a text that cannot fit the context whatever its tokens
+    are: no token is longer than max_token_bytes, so B bytes are at least B / max_token_bytes tokens."""
+    at_least = -(-len(text.encode("utf-8", errors="surrogatepass")) // tokenizer.max_token_bytes)
+    if at_least >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at least "
+            f"{at_least} tokens, which leaves no room for a completion.", param, "context_length_exceeded")
+    return tokenizer.encode(text)
 
 
 def _checked(ids: Sequence[int], tokenizer: Tokenizer, param: str) -> TokenIds:
@@ -39,7 +58,7 @@ def _checked(ids: Sequence[int], tokenizer: Tokenizer, param: str) -> TokenIds:
     return tuple(ids)
 
 
-def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer,
+def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer, max_model_len: int,
                 add_generation_prompt: bool = True) -> TokenIds:
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
@@ -48,7 +67,7 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
         text = template.render(plain, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
-    return _checked(tokenizer.encode(text), tokenizer, "messages")
+    return _checked(_encode(text, tokenizer, max_model_len, "messages"), tokenizer, "messages")
 
 
 def _plain(message: ChatMessage, index: int) -> dict[str, Any]:

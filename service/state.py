@@ -18,6 +18,7 @@ from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from service.config import AppConfig
 from service.pacing import ActiveStreams
+from service.tokenize import PromptEncoder
 
 
 class Phase(enum.Enum):
@@ -111,3 +112,4 @@ class ServerState:
 CONFIG_KEY = web.AppKey("config", AppConfig)
 STATE_KEY = web.AppKey("state", ServerState)
 REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+ENCODER_KEY = web.AppKey("prompt_encoder", PromptEncoder)

@@ -40,10 +40,15 @@ def served_model(request: web.Request, asked: str | None) -> str:
     return name
 
 
+def check_choices(num_prompts: int, n: int) -> None:
+    """Checked before tokenizing too: a list of a million prompts is refused before a million encodes."""
+    if num_prompts * n > MAX_CHOICES:
+        raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request", "n")
+
+
 def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenIds], params: SamplingParams,
              req: CommonRequest) -> Job:
-    if len(prompts) * params.n > MAX_CHOICES:
-        raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request", "n")
+    check_choices(len(prompts), params.n)
     service = request.app[CONFIG_KEY].service
     ident = Identity(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)

@@ -8,10 +8,11 @@ from service.body import read_json
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
 from service.jobs import Job, run_job
 from service.params import chat_params, completion_params
-from service.prompts import chat_prompt, check_context, completion_prompts
-from service.routes.common import make_job, runtime_of, served_model
+from service.prompts import chat_prompt, check_context, completion_prompts, num_prompts
+from service.routes.common import check_choices, make_job, runtime_of, served_model
 from service.schemas.requests import ChatRequest, CompletionRequest
-from service.state import CONFIG_KEY, STATE_KEY, Runtime
+from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
+from service.tokenize import message_chars, prompt_chars
 from service.transcript import with_transcript
 
 
@@ -20,8 +21,11 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service.max_body_bytes)
     model = served_model(request, req.model)
     params = completion_params(req)
-    prompts = completion_prompts(req.prompt, runtime.tokenizer)
-    check_context(prompts, params.max_tokens, runtime.engine.max_model_len, "prompt")
+    check_choices(num_prompts(req.prompt), params.n)
+    max_len = runtime.engine.max_model_len
+    prompts = await request.app[ENCODER_KEY].run(prompt_chars(req.prompt), completion_prompts, req.prompt,
+                                                 runtime.tokenizer, max_len)
+    check_context(prompts, params.max_tokens, max_len, "prompt")
     job = make_job(request, "cmpl", model, prompts, params, req)
     fmt = _logged(request, CompletionFormatter(job.ident, runtime.tokenizer, req.logprobs), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
@@ -32,8 +36,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service.max_body_bytes)
     model = served_model(request, req.model)
     params = chat_params(req)
-    prompt = chat_prompt(req.messages, runtime.chat_template, runtime.tokenizer, req.add_generation_prompt)
-    check_context([prompt], params.max_tokens, runtime.engine.max_model_len, "messages")
+    max_len = runtime.engine.max_model_len
+    prompt = await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages,
+                                                runtime.chat_template, runtime.tokenizer, max_len,
+                                                req.add_generation_prompt)
+    check_context([prompt], params.max_tokens, max_len, "messages")
     job = make_job(request, "chatcmpl", model, [prompt], params, req)
     fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs)), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
