@@ -62,6 +62,16 @@ class Server:
         self._log.close()
         Path(self._log.name).unlink(missing_ok=True)
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "the server is not running"
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process has ended (None while it runs)."""
+        return None if self._proc is None else self._proc.poll()
+
     def log_text(self) -> str:
         return Path(self._log.name).read_text(errors="replace") if Path(self._log.name).exists() else ""
 
