@@ -18,6 +18,7 @@ from service.schemas.errors import ErrorBody, ErrorInfo
 
 INVALID = "invalid_request_error"
 JSON_CONTENT = "application/json"
+RETRY_AFTER_S = 5  # what a 503 while loading or draining asks clients to wait
 
 
 class APIError(Exception):
@@ -51,7 +52,7 @@ def unavailable(message: str, code: str, retry_after: float | None = None) -> AP
 
 
 def shutting_down() -> APIError:
-    return unavailable("the server is shutting down", "shutting_down", retry_after=5)
+    return unavailable("the server is shutting down", "shutting_down", retry_after=RETRY_AFTER_S)
 
 
 def server_error(message: str, code: str = "internal_error") -> APIError:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from scheduler.params import SamplingParams
-from service.errors import APIError, bad_request, shutting_down, unavailable
+from service.errors import RETRY_AFTER_S, APIError, bad_request, shutting_down, unavailable
 from service.formats import Identity
 from service.jobs import Job
 from service.prompts import TokenIds
@@ -25,7 +25,7 @@ def runtime_of(request: web.Request) -> Runtime:
     if state.phase is Phase.READY and state.runtime is not None:
         return state.runtime
     if state.phase is Phase.LOADING:
-        raise unavailable("the model is still loading", "model_loading", retry_after=5)
+        raise unavailable("the model is still loading", "model_loading", retry_after=RETRY_AFTER_S)
     if state.phase is Phase.FAILED:
         raise unavailable(f"the model failed to load: {state.failure}", "model_load_failed")
     raise shutting_down()

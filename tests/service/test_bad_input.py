@@ -89,3 +89,9 @@ def test_declared_oversize_body_is_refused_before_reading(sim_server: LiveServer
     reply = post(sim_server.url + CMPL, b"{" + b" " * 70_000 + b"}")
     assert reply.status == 413 and reply.error()["code"] == "request_too_large"
     _still_serves(sim_server)
+
+
+def test_wrong_method_names_the_allowed_ones(sim_server: LiveServer) -> None:
+    reply = request("GET", sim_server.url + CMPL)
+    assert reply.status == 405 and "POST" in reply.headers["Allow"]
+    assert request("POST", sim_server.url + "/health").headers["Allow"] == "GET,HEAD"
