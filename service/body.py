@@ -1,13 +1,16 @@
-"""Read a request body into a Struct: size limit (413), UTF-8 and JSON syntax (400), field types (400)."""
+"""Read a request body into a Struct: size limit (413), arrival within the read timeout (408), UTF-8 and JSON
+syntax (400), field types (400)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TypeVar
 
 import msgspec
 from aiohttp import web
 
+from service.config import ServiceConfig
 from service.errors import APIError, bad_request
 
 T = TypeVar("T")
@@ -16,13 +19,24 @@ _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_json(request: web.Request, type_: type[T], service: ServiceConfig) -> T:
+    return decode(await read_body(request, service.max_body_bytes, service.read_timeout_s), type_)
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise too_large(request.content_length, limit)
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(None, limit) from None
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                       close=True) from None
+    except web.RequestPayloadError as exc:
+        reason = " ".join(str(exc).split())
+        raise bad_request(f"the request body could not be read: {reason}", code="malformed_request") from None
 
 
 def too_large(size: int | None, limit: int) -> APIError:
@@ -51,6 +65,3 @@ def _param(message: str) -> str | None:
     found = _PATH.search(message)
     return found.group(1) or None if found else None
 
-
-async def read_json(request: web.Request, type_: type[T], limit: int) -> T:
-    return decode(await read_body(request, limit), type_)

@@ -25,7 +25,8 @@ class APIError(Exception):
     """Raised anywhere while handling a request; the error middleware turns it into the response."""
 
     def __init__(self, status: int, message: str, type_: str = INVALID, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None, close: bool = False) -> None:
+        """close: end the connection after the response (the request's bytes can no longer be trusted)."""
         super().__init__(message)
         self.status = status
         self.message = message
@@ -33,13 +34,23 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.close = close
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(self.message, self.type, self.param, self.code)
 
     def response(self) -> web.Response:
         body = msgspec.json.encode(ErrorBody(self.info()))
-        return web.Response(status=self.status, body=body, content_type=JSON_CONTENT, headers=self.headers)
+        resp = web.Response(status=self.status, body=body, content_type=JSON_CONTENT, headers=self.headers)
+        if self.close:
+            resp.force_close()
+        return resp
+
+
+def printable(text: str) -> str:
+    """Text from the client's headers, safe to echo: undecodable bytes arrive as lone surrogates, which no JSON
+    encoder accepts."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
