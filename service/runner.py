@@ -28,6 +28,7 @@ def make_runner(app: web.Application, service: ServiceConfig) -> web.AppRunner:
         access_log=logging.getLogger("service.access"), keepalive_timeout=service.keepalive_timeout_s,
         lingering_time=service.read_timeout_s, max_line_size=service.max_header_bytes,
         max_field_size=service.max_header_bytes, max_headers=service.max_headers,
+        auto_decompress=False,  # compressed bodies are refused (service.body), never inflated
     )
 
 
