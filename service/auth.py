@@ -23,10 +23,22 @@ def load_keys(config: ServiceConfig) -> tuple[bytes, ...]:
 def authorized(header: str | None, keys: tuple[bytes, ...]) -> bool:
     """Whether the header carries one of the keys. Every key is compared, each in constant time, so the
     answer's timing says nothing about which key (or how much of one) matched."""
-    if header is None or not header.startswith("Bearer "):
+    given = bearer_token(header)
+    if given is None:
         return False
-    given = header[len("Bearer "):].strip().encode("utf-8")
     found = False
     for key in keys:
         found |= hmac.compare_digest(given, key)
     return found
+
+
+def bearer_token(header: str | None) -> bytes | None:
+    """The token of `Authorization: Bearer <token>`, as the bytes sent. The scheme is case-insensitive (RFC
+    7235); bytes that are not UTF-8 arrive as lone surrogates and go back to what they were."""
+    parts = (header or "").split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        return None
+    try:
+        return parts[1].strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: not a key
+        return None

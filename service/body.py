@@ -1,28 +1,63 @@
-"""Read a request body into a Struct: size limit (413), UTF-8 and JSON syntax (400), field types (400)."""
+"""Read a request body into a Struct: JSON only and uncompressed (415), size limit (413), arrival within the
+read timeout (408), nesting depth, UTF-8 and JSON syntax (400), field types (400)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TypeVar
 
 import msgspec
 from aiohttp import web
 
-from service.errors import APIError, bad_request
+from service.config import ServiceConfig
+from service.errors import APIError, bad_request, printable
+from service.json_depth import exceeds_depth
 
 T = TypeVar("T")
+MAX_JSON_DEPTH = 128  # far deeper than any real request (a tool's JSON schema included), far below recursion
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_json(request: web.Request, type_: type[T], service: ServiceConfig) -> T:
+    body = await read_body(request, service.max_body_bytes, service.read_timeout_s)
+    if exceeds_depth(body, MAX_JSON_DEPTH):
+        raise too_deep()
+    return decode(body, type_)
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    check_content(request)
     if request.content_length is not None and request.content_length > limit:
         raise too_large(request.content_length, limit)
     try:
-        return await request.read()
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large(None, limit) from None
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout",
+                       close=True) from None
+    except web.RequestPayloadError as exc:
+        reason = " ".join(str(exc).split())
+        raise bad_request(f"the request body could not be read: {reason}", code="malformed_request") from None
+
+
+def check_content(request: web.Request) -> None:
+    """A JSON body (a missing Content-Type is taken as JSON) and an uncompressed one: compressed bodies are
+    refused rather than inflated, so no decompression bomb can cost memory or time."""
+    if request.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+        raise APIError(415, "compressed request bodies are not supported: send the body without Content-Encoding",
+                       code="unsupported_content_encoding")
+    if "Content-Type" in request.headers and request.content_type.lower() != "application/json":
+        raise APIError(415, f"the request body must be JSON (Content-Type: application/json), not "
+                       f"{printable(request.content_type)}", code="unsupported_media_type")
+
+
+def too_deep() -> APIError:
+    return bad_request(f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", code="nesting_too_deep")
 
 
 def too_large(size: int | None, limit: int) -> APIError:
@@ -39,6 +74,8 @@ def decode(body: bytes, type_: type[T]) -> T:
         if "UTF-8" in str(exc):
             raise bad_request("the request body is not valid UTF-8", code="invalid_utf8") from None
         raise bad_request(f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
+    except RecursionError:  # not reached past exceeds_depth; kept so that no body can ever give a 500
+        raise too_deep() from None
 
 
 def _param(message: str) -> str | None:
@@ -51,6 +88,3 @@ def _param(message: str) -> str | None:
     found = _PATH.search(message)
     return found.group(1) or None if found else None
 
-
-async def read_json(request: web.Request, type_: type[T], limit: int) -> T:
-    return decode(await read_body(request, limit), type_)

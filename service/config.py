@@ -26,6 +26,10 @@ class ServiceConfig:
     served_model_name: str | None = None  # None: the model's name
     max_body_bytes: int = 2 * 1024 * 1024
     request_timeout_s: float = 600.0
+    read_timeout_s: float = 30.0  # request headers, and then the body, must arrive within this (docs/CONFIG.md)
+    keepalive_timeout_s: float = 75.0  # an idle kept-alive connection is closed after this (docs/CONFIG.md)
+    max_header_bytes: int = 8190  # the request line and each header field
+    max_headers: int = 100
     drain_timeout_s: float = 30.0  # on SIGTERM/SIGINT: how long in-flight requests may finish
     step_timeout_s: float = 300.0  # a backend step running longer is a hang: the server fails and exits; 0: off
     tokenizer_threads: int = 2  # threads tokenizing big prompts off the event loop
@@ -45,6 +49,10 @@ class ServiceConfig:
                              "step_timeout_s non-negative")
         if self.tokenizer_threads < 1:
             raise ValueError(f"tokenizer_threads must be at least 1, not {self.tokenizer_threads}")
+        if min(self.read_timeout_s, self.keepalive_timeout_s) <= 0:
+            raise ValueError("read_timeout_s and keepalive_timeout_s must be positive")
+        if self.max_header_bytes < 1024 or self.max_headers < 8:
+            raise ValueError("max_header_bytes must be at least 1024 and max_headers at least 8")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
         if self.preset is not None and self.preset not in PRESETS:

@@ -18,13 +18,15 @@ from service.schemas.errors import ErrorBody, ErrorInfo
 
 INVALID = "invalid_request_error"
 JSON_CONTENT = "application/json"
+RETRY_AFTER_S = 5  # what a 503 while loading, draining or failed asks clients to wait
 
 
 class APIError(Exception):
     """Raised anywhere while handling a request; the error middleware turns it into the response."""
 
     def __init__(self, status: int, message: str, type_: str = INVALID, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None, close: bool = False) -> None:
+        """close: end the connection after the response (the request's bytes can no longer be trusted)."""
         super().__init__(message)
         self.status = status
         self.message = message
@@ -32,13 +34,23 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.close = close
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(self.message, self.type, self.param, self.code)
 
     def response(self) -> web.Response:
         body = msgspec.json.encode(ErrorBody(self.info()))
-        return web.Response(status=self.status, body=body, content_type=JSON_CONTENT, headers=self.headers)
+        resp = web.Response(status=self.status, body=body, content_type=JSON_CONTENT, headers=self.headers)
+        if self.close:
+            resp.force_close()
+        return resp
+
+
+def printable(text: str) -> str:
+    """Text from the client's headers, safe to echo: undecodable bytes arrive as lone surrogates, which no JSON
+    encoder accepts."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -51,11 +63,12 @@ def unavailable(message: str, code: str, retry_after: float | None = None) -> AP
 
 
 def shutting_down() -> APIError:
-    return unavailable("the server is shutting down", "shutting_down", retry_after=5)
+    return unavailable("the server is shutting down", "shutting_down", retry_after=RETRY_AFTER_S)
 
 
 def engine_failed(cause: str | None) -> APIError:
-    return unavailable(f"the engine failed and the server is restarting: {cause}", "engine_failed", retry_after=5)
+    return unavailable(f"the engine failed and the server is restarting: {cause}", "engine_failed",
+                       retry_after=RETRY_AFTER_S)
 
 
 def server_error(message: str, code: str = "internal_error") -> APIError:
@@ -84,7 +97,7 @@ def engine_failure(accepting: bool, message: str, engine_failed: bool = False) -
     """A request the engine ended with an error: cut short by the engine failing or by shutdown (503: retry
     elsewhere), or a failure of its own step (500)."""
     if engine_failed:
-        return unavailable(f"the request was cut short: {message}", "engine_failed", retry_after=5)
+        return unavailable(f"the request was cut short: {message}", "engine_failed", retry_after=RETRY_AFTER_S)
     if not accepting:
         return unavailable(f"the request was cut short: {message}", "shutting_down")
     return server_error(f"generation failed: {message}", "engine_error")

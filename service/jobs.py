@@ -37,7 +37,8 @@ class Job:
     include_usage: bool
     timeout_s: float
     events_per_s: float  # the pacing budget (see service.pacing)
-    trace_context: Any = None  # the incoming trace (W3C traceparent) and request facts, for telemetry
+    # per prompt: the incoming trace (W3C traceparent) and request facts, for telemetry; () for none
+    trace_contexts: tuple[Any, ...] = ()
 
     @property
     def num_choices(self) -> int:
@@ -65,7 +66,8 @@ def submit_all(engine: EngineLike, job: Job) -> list[RequestStream]:
     try:
         for i, ids in enumerate(job.prompts):
             rid = job.ident.id if len(job.prompts) == 1 else f"{job.ident.id}-{i}"
-            request = EngineRequest(rid, ids, job.params, job.priority, trace_context=job.trace_context)
+            trace = job.trace_contexts[i] if job.trace_contexts else None
+            request = EngineRequest(rid, ids, job.params, job.priority, trace_context=trace)
             streams.append(engine.submit(request))
     except SchedulerError as exc:
         for stream in streams:

@@ -13,6 +13,7 @@ from service.errors import INVALID, APIError, server_error
 
 log = logging.getLogger(__name__)
 _HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: INVALID, 413: INVALID}
+_KEPT_HEADERS = ("Allow",)
 
 
 def error_middleware() -> Middleware:
@@ -25,7 +26,8 @@ def error_middleware() -> Middleware:
         except web.HTTPException as exc:  # raised by aiohttp itself: no such route, wrong method, ...
             if exc.status < 400:
                 raise
-            return APIError(exc.status, exc.reason, _HTTP_TYPES.get(exc.status, INVALID)).response()
+            kept = {k: v for k, v in exc.headers.items() if k in _KEPT_HEADERS}  # 405's Allow
+            return APIError(exc.status, exc.reason, _HTTP_TYPES.get(exc.status, INVALID), headers=kept).response()
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             return server_error("internal server error").response()

@@ -22,10 +22,10 @@ from aiohttp import web
 from service.app import create_app, stop_engine
 from service.assemble import build_runtime
 from service.config import AppConfig
-from service.state import STATE_KEY, Phase, RuntimeBuilder, ServerState
+from service.runner import make_runner
+from service.state import CONFIG_KEY, STATE_KEY, Phase, RuntimeBuilder, ServerState
 
 log = logging.getLogger(__name__)
-SHUTDOWN_GRACE_S = 5.0  # after the drain, how long aiohttp waits for handlers to write their last bytes
 EXIT_LOAD_FAILED = 2
 EXIT_ENGINE_FAILED = 3
 FAILED_LINGER_S = 1.0
@@ -33,9 +33,7 @@ FAILED_LINGER_S = 1.0
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Serve `app` on host:port (0: any free port); return the runner and the bound base URL."""
-    # handler_cancellation: a client that disconnects cancels its handler, which aborts its requests.
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S,
-                           access_log=logging.getLogger("service.access"))
+    runner = make_runner(app, app[CONFIG_KEY].service)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

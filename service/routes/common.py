@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 
 from aiohttp import web
 
 from scheduler.params import SamplingParams
-from service.errors import APIError, bad_request, engine_failed, shutting_down, unavailable
+from service.errors import RETRY_AFTER_S, APIError, bad_request, engine_failed, shutting_down, unavailable
 from service.formats import Identity
 from service.jobs import Job
 from service.prompts import TokenIds
 from service.schemas.requests import CommonRequest
 from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
-from telemetry import extract_context
+from telemetry import RequestContext, extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request
 
@@ -24,7 +25,7 @@ def runtime_of(request: web.Request) -> Runtime:
     if state.phase is Phase.READY and state.runtime is not None:
         return state.runtime
     if state.phase is Phase.LOADING:
-        raise unavailable("the model is still loading", "model_loading", retry_after=5)
+        raise unavailable("the model is still loading", "model_loading", retry_after=RETRY_AFTER_S)
     if state.phase is Phase.FAILED:
         raise unavailable(f"the model failed to load: {state.failure}", "model_load_failed")
     if state.phase is Phase.UNHEALTHY:
@@ -53,6 +54,16 @@ def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenI
     ident = Identity(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     operation = "chat" if prefix == "chatcmpl" else "text_completion"
-    trace = extract_context(request.headers, model=model, operation=operation)
     return Job(ident, prompts, params, req.priority, bool(req.stream), include_usage, service.request_timeout_s,
-               service.max_stream_events_per_s, trace)
+               service.max_stream_events_per_s, trace_contexts(request, model, operation, prompts))
+
+
+def trace_contexts(request: web.Request, model: str, operation: str, prompts: list[TokenIds]
+                   ) -> tuple[RequestContext, ...]:
+    """One per prompt; with record_content on, each carries its prompt's text (as the model sees it, chat
+    template included) for the request span. Off, no prompt text is even decoded."""
+    base = extract_context(request.headers, model=model, operation=operation)
+    if not request.app[CONFIG_KEY].telemetry.record_content:
+        return (base,) * len(prompts)
+    tokenizer = runtime_of(request).tokenizer
+    return tuple(replace(base, prompt=tokenizer.decode(ids, skip_special_tokens=False)) for ids in prompts)

@@ -18,7 +18,7 @@ from service.transcript import with_transcript
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
-    req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service.max_body_bytes)
+    req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
     params = completion_params(req)
     check_choices(num_prompts(req.prompt), params.n)
@@ -33,7 +33,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
-    req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service.max_body_bytes)
+    req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
     params = chat_params(req)
     max_len = runtime.engine.max_model_len

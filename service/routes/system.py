@@ -6,12 +6,10 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.errors import JSON_CONTENT
+from service.errors import JSON_CONTENT, RETRY_AFTER_S
 from service.routes.common import served_model
 from service.schemas.responses import Health, ModelCard, ModelList
 from service.state import REGISTRY_KEY, STATE_KEY, Phase
-
-HEALTH_RETRY_AFTER_S = 5  # seconds: loading and draining take about that long to change
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -34,9 +32,7 @@ async def health(request: web.Request) -> web.Response:
     phase = request.app[STATE_KEY].phase
     if phase is Phase.READY:
         return _json(Health(phase.value))
-    response = _json(Health(phase.value), 503)
-    response.headers["Retry-After"] = str(HEALTH_RETRY_AFTER_S)
-    return response
+    return _json(Health(phase.value), 503, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -47,5 +43,5 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def _json(body: msgspec.Struct, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON_CONTENT)
+def _json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON_CONTENT, headers=headers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from backends.model.loader import ModelFiles
 from service.auth import authorized
 from service.config import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
-from tests.service.rawhttp import post, request
+from tests.service.rawhttp import exchange, parse_reply, post, request
 
 BODY = {"prompt": "Hi", "max_tokens": 2}
 
@@ -57,8 +58,26 @@ def test_openai_client_sends_the_key(auth_server: LiveServer) -> None:
 def test_authorized_unit() -> None:
     keys = (b"alpha", b"beta")
     assert authorized("Bearer beta", keys) and authorized("Bearer  alpha ", keys)
+    assert authorized("bearer beta", keys) and authorized("BEARER\tbeta", keys) and authorized(" Bearer beta", keys)
     assert not authorized("Bearer gamma", keys) and not authorized(None, keys) and not authorized("beta", keys)
-    assert not authorized("Bearer ", keys)
+    assert not authorized("Bearer ", keys) and not authorized("Bearerbeta", keys)
+    assert not authorized("Bearer \udcff\udcfe", keys) and not authorized("Bearer \ud800", keys)
+    assert authorized("Bearer caf\udce9", (b"caf\xe9",))  # the bytes sent, compared as sent
+
+
+@pytest.mark.parametrize("header", ["bearer key-one", "BEARER key-two", "Bearer    file-key  "])
+def test_the_scheme_is_case_insensitive(auth_server: LiveServer, header: str) -> None:
+    assert post(auth_server.url + "/v1/completions", BODY, {"Authorization": header}).status == 200
+
+
+@pytest.mark.parametrize("value", [b"Bearer \xff\xfe", b"\xff\xfe", b"Bearer key-one\xff"])
+def test_undecodable_authorization_bytes_are_401(auth_server: LiveServer, value: bytes,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    raw = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nAuthorization: " + value + b"\r\nConnection: close\r\n\r\n"
+    reply = parse_reply(asyncio.run(exchange(auth_server.url, raw)))
+    assert reply.status == 401 and reply.error()["code"] == "invalid_api_key"
+    assert not [r for r in caplog.records if r.exc_info]
+    assert post(auth_server.url + "/v1/completions", BODY, {"Authorization": "Bearer key-one"}).status == 200
 
 
 def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import gzip
+import json
 from typing import Any
 
 import pytest
 
+from service.body import MAX_JSON_DEPTH
 from tests.service.live import LiveServer
-from tests.service.rawhttp import post, request
+from tests.service.rawhttp import exchange, parse_reply, post, request
 
 CMPL = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -89,3 +93,79 @@ def test_declared_oversize_body_is_refused_before_reading(sim_server: LiveServer
     reply = post(sim_server.url + CMPL, b"{" + b" " * 70_000 + b"}")
     assert reply.status == 413 and reply.error()["code"] == "request_too_large"
     _still_serves(sim_server)
+
+
+def test_wrong_method_names_the_allowed_ones(sim_server: LiveServer) -> None:
+    reply = request("GET", sim_server.url + CMPL)
+    assert reply.status == 405 and "POST" in reply.headers["Allow"]
+    assert request("POST", sim_server.url + "/health").headers["Allow"] == "GET,HEAD"
+
+
+def _nested(depth: int, leaf: str = "1") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+DEEP: list[tuple[str, str, bytes]] = [
+    # (name, path, body): each nests far past the decoder's recursion limit
+    ("tools", CHAT, f'{{"messages": [{{"role": "user", "content": "hi"}}], "tools": {_nested(20_000)}}}'.encode()),
+    ("tool_choice", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": '
+     + b'{"a": ' * 8_000 + b"1" + b"}" * 8_000 + b"}"),
+    ("tool_calls", CHAT, f'{{"messages": [{{"role": "assistant", "tool_calls": [{_nested(20_000)}]}}]}}'.encode()),
+    ("unknown field", CMPL, f'{{"prompt": "a", "frobnicate": {_nested(20_000)}}}'.encode()),
+    ("unclosed", CMPL, b'{"prompt": ' + b"[" * 60_000),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "body"), DEEP, ids=[d[0] for d in DEEP])
+def test_deep_nesting_is_400_not_a_crash(sim_server: LiveServer, caplog: pytest.LogCaptureFixture, name: str,
+                                        path: str, body: bytes) -> None:
+    reply = post(sim_server.url + path, body)
+    assert reply.status == 400 and reply.error()["code"] == "nesting_too_deep", reply.body
+    assert not [r for r in caplog.records if r.exc_info]
+    _still_serves(sim_server)
+
+
+def test_nesting_up_to_the_limit_is_accepted(sim_server: LiveServer) -> None:
+    def chat(depth: int) -> Any:  # the body object is one level, tool_choice's value the rest
+        return f'{{"messages": {json.dumps(USER)}, "max_tokens": 1, "tool_choice": {_nested(depth - 1)}}}'.encode()
+
+    assert post(sim_server.url + CHAT, chat(MAX_JSON_DEPTH)).status == 200
+    assert post(sim_server.url + CHAT, chat(MAX_JSON_DEPTH + 1)).error()["code"] == "nesting_too_deep"
+    brackets_in_strings = {"prompt": "[" * 1000 + "{" * 1000, "max_tokens": 1}
+    assert post(sim_server.url + CMPL, brackets_in_strings).status == 200
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x", "application/jsonx"])
+def test_a_body_that_is_not_json_is_415(sim_server: LiveServer, content_type: str) -> None:
+    reply = request("POST", sim_server.url + CMPL, b'{"prompt": "a"}', {"Content-Type": content_type})
+    assert reply.status == 415 and reply.error()["code"] == "unsupported_media_type"
+    _still_serves(sim_server)
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON", None])
+def test_json_content_types_and_none_are_accepted(sim_server: LiveServer, content_type: str | None) -> None:
+    body = b'{"prompt": "a", "max_tokens": 1}'
+    head = f"Content-Type: {content_type}\r\n" if content_type else ""
+    raw = (f"POST {CMPL} HTTP/1.1\r\nHost: t\r\n{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+           .encode() + body)
+    reply = parse_reply(asyncio.run(exchange(sim_server.url, raw)))
+    assert reply.status == 200, reply.body
+
+
+@pytest.mark.parametrize(("encoding", "body"), [
+    ("gzip", b'{"prompt": "not compressed at all"}'),
+    ("gzip", gzip.compress(b'{"prompt": "a", "max_tokens": 1}')),
+    ("gzip", gzip.compress(b"{" + b" " * 50_000_000 + b"}")),  # 50 MB once inflated: never inflated
+    ("deflate", b'{"prompt": "a"}'),
+    ("br", b'{"prompt": "a"}'),
+])
+def test_compressed_bodies_are_415(sim_server: LiveServer, encoding: str, body: bytes) -> None:
+    reply = post(sim_server.url + CMPL, body, {"Content-Encoding": encoding})
+    assert reply.status == 415 and reply.error()["code"] == "unsupported_content_encoding"
+    _still_serves(sim_server)
+
+
+def test_identity_encoding_is_accepted(sim_server: LiveServer) -> None:
+    body = {"prompt": "a", "max_tokens": 1}
+    assert post(sim_server.url + CMPL, body, {"Content-Encoding": "identity"}).status == 200

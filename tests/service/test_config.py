@@ -101,6 +101,9 @@ def test_unknown_env_var_is_named() -> None:
     ({"flags": ("--max-num-seqs", "lots")}, "--max-num-seqs"),
     ({"flags": ("--port", "70000")}, "port"),
     ({"flags": ("--kv-layout", "sideways")}, "kv_layout"),
+    ({"flags": ("--read-timeout-s", "0")}, "read_timeout_s"),
+    ({"env": {"PAGEDSERVE_KEEPALIVE_TIMEOUT_S": "-1"}}, "keepalive_timeout_s"),
+    ({"file": "[service]\nmax_headers = 2\n"}, "max_headers"),
     ({"file": "not toml ["}, "TOML"),
 ])
 def test_bad_values_are_named(tmp_path: Path, source: dict[str, object], named: str) -> None:

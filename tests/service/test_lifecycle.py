@@ -34,6 +34,7 @@ def test_health_is_503_while_loading_then_200(gated: tuple[LiveServer, asyncio.E
     server, gate = gated
     health = request("GET", server.url + "/health")
     assert health.status == 503 and health.json() == {"status": "loading"}
+    assert health.headers["Retry-After"] == "5"
     busy = post(server.url + "/v1/completions", {"prompt": "Hi"})
     assert busy.status == 503 and busy.error()["code"] == "model_loading" and "Retry-After" in busy.headers
     assert request("GET", server.url + "/v1/models").status == 200

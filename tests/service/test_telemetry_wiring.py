@@ -6,51 +6,50 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import aiohttp
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from backends.model.loader import ModelFiles
 from service.config import ServiceConfig, TelemetrySettings
 from tests.service.live import LiveServer, cached_builder, sim_config
+from tests.service.rawhttp import post, request
 from tests.telemetry.receiver import OtlpReceiver, attrs
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 
-def _request_spans(receiver: OtlpReceiver, deadline_s: float = 10.0) -> list[Span]:
+def _request_spans(receiver: OtlpReceiver, count: int = 1, deadline_s: float = 10.0) -> list[Span]:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         spans = [s for s in receiver.spans if s.name == "llm.request"]
-        if spans:
+        if len(spans) >= count:
             return spans
         time.sleep(0.05)
     return []
 
 
+def _traced_server(receiver: OtlpReceiver, model_files: ModelFiles, record_content: bool = False) -> LiveServer:
+    settings = TelemetrySettings(otlp_endpoint=receiver.endpoint, record_content=record_content)
+    return LiveServer.start(replace(sim_config(ServiceConfig(port=0)), telemetry=settings),
+                            cached_builder(model_files))
+
+
+def _flush(server: LiveServer) -> None:
+    server.call(lambda: server.state.runtime.telemetry.flush(5.0))  # type: ignore[union-attr]
+
+
+def _prompts(span: Span) -> list[str]:
+    return [attrs(e.attributes)["gen_ai.prompt"] for e in span.events if e.name == "gen_ai.content.prompt"]
+
+
 def test_traceparent_is_continued_and_metrics_are_served(model_files: ModelFiles) -> None:
     with OtlpReceiver() as receiver:
-        config = replace(sim_config(ServiceConfig(port=0)),
-                         telemetry=TelemetrySettings(otlp_endpoint=receiver.endpoint))
-        server = LiveServer.start(config, cached_builder(model_files))
+        server = _traced_server(receiver, model_files)
         try:
             body = {"prompt": "Hello there", "max_tokens": 5, "temperature": 0}
-
-            async def call() -> int:
-                async with aiohttp.ClientSession() as session, session.post(
-                        f"{server.url}/v1/completions", json=body, headers={"traceparent": TRACEPARENT}) as resp:
-                    await resp.read()
-                    return resp.status
-
-            async def scrape() -> str:
-                async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as metrics:
-                    return await metrics.text()
-
-            status = server.run(call())
-            # the telemetry worker records asynchronously: let it catch up before reading what it recorded
-            server.call(lambda: server.state.runtime.telemetry.flush(5.0))  # type: ignore[union-attr]
-            metrics = server.run(scrape())
-            assert status == 200
+            assert post(f"{server.url}/v1/completions", body, {"traceparent": TRACEPARENT}).status == 200
+            _flush(server)  # the engine's records reach the metrics on the telemetry worker's thread
+            metrics = request("GET", f"{server.url}/metrics").body.decode()
             assert "pagedserve:time_to_first_token_seconds_count 1.0" in metrics
             assert "pagedserve:generation_tokens_total 5.0" in metrics
             spans = _request_spans(receiver)
@@ -62,3 +61,21 @@ def test_traceparent_is_continued_and_metrics_are_served(model_files: ModelFiles
     assert attrs(span.attributes)["gen_ai.usage.output_tokens"] == 5
     assert attrs(span.attributes)["gen_ai.operation.name"] == "text_completion"
     assert sum(1 for e in span.events if e.name == "token") == 5
+    assert _prompts(span) == [] and "Hello there" not in str(span)  # record_content is off by default
+
+
+def test_record_content_puts_each_prompt_in_its_request_span(model_files: ModelFiles) -> None:
+    with OtlpReceiver() as receiver:
+        server = _traced_server(receiver, model_files, record_content=True)
+        try:
+            chat = {"messages": [{"role": "user", "content": "secret chat"}], "max_tokens": 2}
+            assert post(server.url + "/v1/chat/completions", chat).status == 200
+            assert post(server.url + "/v1/completions", {"prompt": ["first", "second"], "max_tokens": 2}).status == 200
+            _flush(server)
+            spans = _request_spans(receiver, count=3)
+        finally:
+            server.close()
+    by_operation = {(attrs(s.attributes)["gen_ai.operation.name"], tuple(_prompts(s))) for s in spans}
+    chat_prompt = next(p[0] for op, p in by_operation if op == "chat")
+    assert len(spans) == 3 and {p for op, p in by_operation if op == "text_completion"} == {("first",), ("second",)}
+    assert "<|im_start|>user\nsecret chat" in chat_prompt  # as the model saw it, chat template applied

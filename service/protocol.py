@@ -1,0 +1,96 @@
+"""The HTTP/1.1 connection: aiohttp's protocol plus a deadline on request headers, and OpenAI-shaped answers to
+requests aiohttp could not parse.
+
+aiohttp's only clock on a connection waiting for a request is its keep-alive timer, sized for proxies that
+reuse idle connections (minutes), not for a client that stalls or trickles its headers a byte at a time to
+hold connections (slowloris). Here the headers of each request must be complete within `header_timeout` of
+the connection opening (for its first request) or of the request's first byte (for later ones); otherwise the
+connection is closed without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+
+from service.errors import APIError, printable
+
+log = logging.getLogger(__name__)
+
+
+class GuardedProtocol(web.RequestHandler):
+    def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._between_requests = True  # the next byte starts a request, whose headers are then on the clock
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()  # a client that connects and sends nothing is on the clock too
+
+    def data_received(self, data: bytes) -> None:
+        if self._between_requests and self._header_timer is None:
+            self._arm()
+        super().data_received(data)
+
+    def headers_received(self) -> None:
+        """A request's headers are parsed: from here its body has its own deadline (service.body)."""
+        self._between_requests = False
+        self._disarm()
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._between_requests = True
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp could not parse (status 400) or a failure outside the app's middlewares."""
+        error = protocol_error(status, exc, message)
+        if status >= 500:
+            self.log_exception("error handling request from %s", request.remote, exc_info=exc)
+        else:  # the client's mistake, not ours: one line, no traceback
+            log.debug("malformed request from %s: %s", request.remote, error.message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response has begun: no error response can follow")
+        return error.response()
+
+    def _arm(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._header_timer = loop.call_later(self._header_timeout, self._headers_timed_out)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        log.debug("closing a connection: request headers not received within %g s", self._header_timeout)
+        self.force_close()
+
+
+def protocol_error(status: int, exc: BaseException | None, message: str | None) -> APIError:
+    """The answer, after which aiohttp closes the connection: what follows the bad bytes cannot be framed."""
+    if status >= 500:
+        return APIError(status, "internal server error", "server_error", code="internal_error", close=True)
+    text = printable(_one_line(message or str(exc or "malformed request")))
+    if isinstance(exc, LineTooLong) or text.startswith("Too many headers"):
+        return APIError(431, f"request header fields too large: {text}", code="headers_too_large", close=True)
+    return APIError(400, f"malformed HTTP request: {text}", code="malformed_request", close=True)
+
+
+def _one_line(message: str) -> str:
+    """aiohttp's parser messages span lines and point at the error with a caret line; keep the words."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip().strip("^"))
