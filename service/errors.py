@@ -8,6 +8,7 @@ import msgspec
 from aiohttp import web
 
 from scheduler.errors import (
+    KV_CACHE_EXHAUSTED,
     EngineStoppedError,
     InvalidRequestError,
     PromptTooLongError,
@@ -76,8 +77,11 @@ def timed_out(seconds: float) -> APIError:
                     code="request_timeout")
 
 
-def engine_failure(accepting: bool, message: str) -> APIError:
-    """A request the engine ended with an error: cut short by shutdown (503), or a backend failure (500)."""
+def engine_failure(accepting: bool, message: str, code: str | None = None) -> APIError:
+    """A request the engine ended with an error: cut short by shutdown (503), preempted too often because the
+    KV cache is too small for the load (503: retry later), or a backend failure (500)."""
     if not accepting:
         return unavailable(f"the request was cut short: {message}", "shutting_down")
+    if code == KV_CACHE_EXHAUSTED:
+        return unavailable(message, KV_CACHE_EXHAUSTED, retry_after=1)
     return server_error(f"generation failed: {message}", "engine_error")

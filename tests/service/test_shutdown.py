@@ -25,8 +25,9 @@ DRAIN_S = 3.0
 def server_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}
+    # 512 blocks of 16 tokens hold the long stream's 5000 (a request the pool could never hold is refused).
     cmd = [sys.executable, "-m", "service", "serve", "--backend", "sim", "--sim-profile", "cpu", "--port", "0",
-           "--num-blocks", "256", "--drain-timeout-s", str(DRAIN_S), "--log-level", "warning"]
+           "--num-blocks", "512", "--drain-timeout-s", str(DRAIN_S), "--log-level", "warning"]
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env=env)
     try:
