@@ -294,6 +294,13 @@ class KVCacheManager:
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self._tables
 
+    @property
+    def max_sequence_tokens(self) -> int:
+        """The most tokens one sequence can ever hold: the whole pool. Nothing is out of reach of a sequence
+        running alone: free cached blocks are evicted for it, and the contiguous layout's reservation (never
+        more than the pool) is its own table's first blocks, which grows past it like a paged one."""
+        return self.num_blocks * self.block_size
+
     def num_free_blocks(self) -> int:
         return self._pool.num_free()
 

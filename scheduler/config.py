@@ -1,4 +1,4 @@
-"""The scheduler package's configuration: batching policy, budgets and queue bounds."""
+"""The scheduler package's configuration: batching policy, budgets, queue bounds and the preemption bound."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ class SchedulerConfig:
     scheduling: str = "fcfs"
     max_waiting_requests: int = 1024  # admission bound: over it, QueueFullError (503)
     max_waiting_tokens: int = 1_048_576  # prompt tokens waiting, same bound
+    # Times a sequence may lose its KV blocks and be recomputed; the next preemption fails its request
+    # (503 kv_cache_exhausted) rather than recomputing it again: the cache is too small for the load.
+    max_preemptions: int = 8
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -25,3 +28,5 @@ class SchedulerConfig:
             raise ValueError(f"scheduling must be one of {SCHEDULING}, not {self.scheduling!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_preemptions < 0:
+            raise ValueError("max_preemptions must be non-negative")

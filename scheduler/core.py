@@ -13,6 +13,7 @@ from backends.base import StepOutput
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
 from scheduler.errors import (
+    KV_CACHE_EXHAUSTED,
     DuplicateRequestError,
     EngineStoppedError,
     InvalidRequestError,
@@ -96,6 +97,10 @@ class EngineCore:
         if request.params.n > self.config.max_num_seqs:
             raise InvalidRequestError(f"n={request.params.n} exceeds this server's max_num_seqs "
                                       f"({self.config.max_num_seqs})", "n")
+        self._check_length(request)
+        self._check_queue(len(request.prompt_token_ids))
+
+    def _check_length(self, request: EngineRequest) -> None:
         prompt_len = len(request.prompt_token_ids)
         if prompt_len == 0:
             raise PromptTooLongError("the prompt is empty", "prompt")
@@ -103,10 +108,23 @@ class EngineCore:
             raise PromptTooLongError(
                 f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has "
                 f"{prompt_len} tokens (at least one must be left to generate)", "prompt")
-        if -(-(prompt_len + 1) // self.kv.block_size) > self.kv.num_blocks:
-            raise PromptTooLongError(f"the prompt needs more KV cache than the server has "
-                                     f"({self.kv.num_blocks * self.kv.block_size} tokens)", "prompt")
-        self._check_queue(prompt_len)
+        self._check_kv_capacity(prompt_len, request.params.max_tokens)
+
+    def _check_kv_capacity(self, prompt_len: int, max_tokens: int | None) -> None:
+        """The prompt plus max_tokens must fit what the KV cache holds for one sequence, which no wait
+        enlarges: such a request would be preempted forever. Without max_tokens the scheduler ends the
+        sequence there instead. (max_tokens past the context is the service's check; here the context only
+        ends a sequence.)"""
+        capacity = self.kv.max_sequence_tokens
+        if prompt_len >= capacity:
+            raise PromptTooLongError(
+                f"this server's KV cache holds at most {capacity} tokens for one sequence, but the prompt has "
+                f"{prompt_len} tokens (at least one must be left to generate)", "prompt")
+        if max_tokens is not None and prompt_len + max_tokens > capacity:
+            raise PromptTooLongError(
+                f"this server's KV cache holds at most {capacity} tokens for one sequence, but the request needs "
+                f"{prompt_len + max_tokens} ({prompt_len} in the prompt, {max_tokens} for the completion); "
+                "reduce the prompt or max_tokens", "max_tokens")
 
     def _check_queue(self, prompt_len: int) -> None:
         waiting = len(self.scheduler.waiting)
@@ -116,22 +134,23 @@ class EngineCore:
             raise QueueFullError(f"the server is at capacity ({waiting} requests waiting); retry shortly",
                                  retry_after=1.0)
 
-    def abort(self, request_id: str, error: str | None = None) -> None:
+    def abort(self, request_id: str, error: str | None = None, code: str | None = None) -> None:
+        """End a request: every choice finishes as aborted, the stream ends (with the error, if one)."""
         state = self.requests.get(request_id)
         if state is None:
             return
         for seq in state.seqs:
             self.scheduler.finish(seq, SequenceStatus.FINISHED_ABORTED)
-        self._close(state, error)
+        self._close(state, error, code)
 
-    def abort_all(self, error: str) -> None:
+    def abort_all(self, error: str, code: str | None = None) -> None:
         for request_id in list(self.requests):
             try:
-                self.abort(request_id, error)
+                self.abort(request_id, error, code)
             except Exception:  # noqa: BLE001 - a broken state (the engine is failing): end the stream at least
                 state = self.requests.pop(request_id, None)
                 if state is not None:
-                    state.stream.finish(error)
+                    state.stream.finish(error, code)
 
     # --- stepping --------------------------------------------------------------------------------
     @property
@@ -147,7 +166,14 @@ class EngineCore:
             state = self.requests[seq.request_id]
             if state.first_scheduled is None:
                 state.first_scheduled = now
+        for seq in plan.failed:  # the whole request fails: its other choices' rows in this step are dropped
+            self.abort(seq.request_id, self._preemption_error(), KV_CACHE_EXHAUSTED)
         return plan
+
+    def _preemption_error(self) -> str:
+        limit = self.config.max_preemptions
+        return (f"the KV cache is too small for the current load: this request was preempted (its KV cache given "
+                f"to others) more than the limit of {limit} times; retry later")
 
     def commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> list[str]:
         """Apply a finished step: the backend's tokens checked, the scheduler's update, then its outputs.
@@ -217,10 +243,10 @@ class EngineCore:
         self.kv.check_invariants()
         self.scheduler.check_rows()
 
-    def _close(self, state: RequestState, error: str | None) -> None:
+    def _close(self, state: RequestState, error: str | None, code: str | None = None) -> None:
         self.requests.pop(state.request.request_id, None)
         state.error = error
-        close_aborted(state, error)
+        close_aborted(state, error, code)
         self.observer.request_finished(RequestRecord(
             state.request.request_id, state.request.arrival_time, self.clock(), state.finish_reason,
             len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,

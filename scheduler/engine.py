@@ -19,7 +19,7 @@ from backends.base import Backend, StepOutput
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore, EngineStats
-from scheduler.errors import EngineStoppedError
+from scheduler.errors import ENGINE_FAILED, EngineStoppedError
 from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
@@ -181,7 +181,7 @@ class Engine:
         self._stopping = True
         self.core.accepting = False
         self._runner.close()
-        self.core.abort_all(f"the engine failed: {cause}")
+        self.core.abort_all(f"the engine failed: {cause}", ENGINE_FAILED)
         self._failed.set()
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+# RequestOutput.error_code of a request that failed because one of its sequences was preempted more than
+# max_preemptions times: the KV cache is too small for the load, so retrying later can succeed (HTTP 503).
+KV_CACHE_EXHAUSTED = "kv_cache_exhausted"
+ENGINE_FAILED = "engine_failed"  # a request ended because the engine failed (it serves nothing more)
+
 
 class SchedulerError(Exception):
     """Base class; `message` is meant for the client."""

@@ -119,10 +119,10 @@ def _stop_sequence(seq: Sequence, stop: str | None, finished: bool, scheduler: S
         seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
 
 
-def close_aborted(state: RequestState, error: str | None) -> None:
+def close_aborted(state: RequestState, error: str | None, code: str | None = None) -> None:
     """Tell the reader that every still-open choice ended by abort, then end the stream."""
     for seq in state.seqs:
         if seq.status is SequenceStatus.FINISHED_ABORTED:
             state.stream.put(ChoiceDelta(seq.index, finish_reason="abort"), state.completion_tokens,
                              state.cached_tokens)
-    state.stream.finish(error)
+    state.stream.finish(error, code)

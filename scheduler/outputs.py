@@ -73,6 +73,7 @@ class RequestOutput:
     cached_tokens: int = 0
     finished: bool = False
     error: str | None = None  # set when the request failed (the stream then ends)
+    error_code: str | None = None  # the kind of failure when it has one (scheduler.errors.KV_CACHE_EXHAUSTED)
 
 
 class RequestStream:
@@ -86,6 +87,7 @@ class RequestStream:
         self._cached_tokens = 0
         self._finished = False
         self._error: str | None = None
+        self._error_code: str | None = None
         self._delivered_end = False
         self._ready = asyncio.Event()
 
@@ -119,9 +121,9 @@ class RequestStream:
             pending = self._pending[index] = _Pending()
         return pending
 
-    def finish(self, error: str | None = None) -> None:
+    def finish(self, error: str | None = None, code: str | None = None) -> None:
         self._finished = True
-        self._error = error
+        self._error, self._error_code = error, code
         self._ready.set()
 
     @property
@@ -144,7 +146,7 @@ class RequestStream:
         self._pending = {}
         self._delivered_end = self._finished
         return RequestOutput(self.request_id, choices, self.prompt_tokens, self._completion_tokens,
-                             self._cached_tokens, self._finished, self._error)
+                             self._cached_tokens, self._finished, self._error, self._error_code)
 
     def take_finished(self) -> RequestOutput:
         """Everything at once, without an event loop, once the request is over and nobody read it."""

@@ -6,6 +6,13 @@ chunk of their prompt), then waiting ones, whose prompts are chunked to what is 
 running sequence needs a block and none is free, the tail of the running list (lowest priority, most recently
 admitted) is preempted: its blocks go back and it waits at the front of the queue to be recomputed.
 
+Why this always makes progress: nothing is placed ahead of the first running sequence (admissions and forks
+join the tail; under the priority policy, only a request that outranks it), and it is preempted only if it
+runs alone and still needs a block, which cannot happen: alone it has the whole pool, and no sequence grows
+past that (it ends at `max_seq_len`; the engine refuses requests that could not fit). So it advances every
+step and finishes, and the queue behind it moves up. Preemption costs only recompute; a sequence preempted
+more than `max_preemptions` times fails instead (the pool is too small for the load), which bounds that cost.
+
 A step's cost does not grow with Python objects per sequence: each running sequence owns a row of persistent
 arrays (PersistentBatch: block table, token counts, sampling and stop parameters) patched only where something
 changed, so planning is NumPy gathers over the rows plus one tight KV append loop, and update() appends the
@@ -51,6 +58,7 @@ class SchedulerPlan:
     counts: Index = field(default_factory=lambda: np.zeros(0, np.int32))  # tokens each computes this step
     sampled: list[Sequence] = field(default_factory=list)  # one per row of batch.sample_rows
     preempted: list[Sequence] = field(default_factory=list)
+    failed: list[Sequence] = field(default_factory=list)  # preempted once too often: ended, their requests fail
     admitted: list[Sequence] = field(default_factory=list)  # taken from the waiting queue this step
     prefill: tuple[int, ...] = ()  # indices into seqs of prompt chunks or recomputes (not one decode token)
     prefill_tokens: int = 0
@@ -79,11 +87,13 @@ class Scheduler:
                  eos_ids: frozenset[int]) -> None:
         self.config = config
         self.kv = kv
-        self.max_model_len = max_model_len
+        # The longest a sequence may grow: the context, or the whole pool when that holds fewer tokens (a
+        # sequence that outgrew the pool would preempt itself forever). Reaching it ends it with "length".
+        self.max_seq_len = min(max_model_len, kv.max_sequence_tokens)
         self.eos_ids = eos_ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.rows = PersistentBatch(eos_ids, max_model_len)  # a row per running sequence
+        self.rows = PersistentBatch(eos_ids, self.max_seq_len)  # a row per running sequence
         self._by_priority = config.scheduling == "priority"
         self._step_id = 0
         self._batch_decoding = False  # static batching: the current batch has started decoding
@@ -122,16 +132,17 @@ class Scheduler:
     def schedule(self) -> SchedulerPlan:
         self._step_id += 1
         work = StepWork()
-        preempted: list[Sequence] = []
-        budget = self._schedule_running(self.config.max_num_batched_tokens, work, preempted)
-        if not preempted and self._may_admit():
+        evicted: list[Sequence] = []
+        budget = self._schedule_running(self.config.max_num_batched_tokens, work, evicted)
+        if not evicted and self._may_admit():
             self._admit(budget, work)
         copies = self.kv.take_block_copies()
+        preempted, failed = _split_evicted(evicted) if evicted else (evicted, [])
         if not work.seqs:
-            return SchedulerPlan(self._step_id, None, preempted=preempted)
-        return self._plan(work, copies, preempted)
+            return SchedulerPlan(self._step_id, None, preempted=preempted, failed=failed)
+        return self._plan(work, copies, preempted, failed)
 
-    def _schedule_running(self, budget: int, work: StepWork, preempted: list[Sequence]) -> int:
+    def _schedule_running(self, budget: int, work: StepWork, evicted: list[Sequence]) -> int:
         """Running sequences in order until the budget is spent: a decode token each, or a prompt chunk."""
         if not self.running:
             return budget
@@ -140,7 +151,7 @@ class Scheduler:
         starts, num_tokens = self.rows.tokens.computed[rows], self.rows.tokens.known[rows]
         counts = _budgeted(num_tokens - starts, budget)
         count_list = counts.tolist()
-        k = self._append_running(ids, rows, lists, count_list, preempted)
+        k = self._append_running(ids, rows, lists, count_list, evicted)
         work.seqs, work.seq_ids, work.token_lists = self.running[:k], list(ids[:k]), lists[:k]
         work.running = StepColumns(rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32),
                                    num_tokens[:k])
@@ -149,7 +160,7 @@ class Scheduler:
         return budget - int(counts[:k].sum())
 
     def _append_running(self, ids: tuple[int, ...], rows: LongArray, lists: list[list[int]], counts: list[int],
-                        preempted: list[Sequence]) -> int:
+                        evicted: list[Sequence]) -> int:
         """Slots for the running sequences' tokens; when blocks run out, the tail of the running list (perhaps
         the sequence itself) gives its blocks back. Returns how many stay scheduled."""
         changes: list[tuple[int, int, int]] = []
@@ -157,8 +168,8 @@ class Scheduler:
         done = self.kv.append_many(ids[:k], lists, counts, changes)
         while done < k:
             victim = self.running[-1]
-            self._preempt(victim)
-            preempted.append(victim)
+            self._evict(victim)
+            evicted.append(victim)
             k = min(k, len(self.running))
             if done < k:
                 done = self.kv.append_many(ids[:k], lists, counts, changes, done)
@@ -200,7 +211,8 @@ class Scheduler:
         work.add(seq, self.rows.rows[seq.seq_id], seq.num_computed_tokens, num_tokens - seq.num_computed_tokens)
         seq.num_computed_tokens = num_tokens
 
-    def _plan(self, work: StepWork, copies: list[tuple[int, int]], preempted: list[Sequence]) -> SchedulerPlan:
+    def _plan(self, work: StepWork, copies: list[tuple[int, int]], preempted: list[Sequence],
+              failed: list[Sequence]) -> SchedulerPlan:
         cols = work.columns()
         self.rows.tokens.computed[cols.rows] = cols.starts + cols.counts
         layout = lay_out(work, cols, self.rows.tokens)
@@ -211,7 +223,7 @@ class Scheduler:
         prefill_tokens = int(cols.counts[layout.prefill].sum())
         state = SampleState(param_rows, cols.num_tokens[samples.batch_rows], samples.forks, self.rows.version)
         return SchedulerPlan(self._step_id, batch, work.seqs, cols.starts, cols.counts, samples.seqs, preempted,
-                             work.admitted, tuple(layout.prefill.tolist()), prefill_tokens,
+                             failed, work.admitted, tuple(layout.prefill.tolist()), prefill_tokens,
                              batch.num_tokens - prefill_tokens, state)
 
     def _sampling(self, samples: Samples, param_rows: Index) -> SamplingInputs | None:
@@ -256,7 +268,7 @@ class Scheduler:
         """check_token_stop decides, for the few sequences the NumPy pre-check could not rule out."""
         finished = []
         for i in np.flatnonzero(maybe_stopped).tolist():
-            stop = check_token_stop(seqs[i], self.eos_ids, self.max_model_len)
+            stop = check_token_stop(seqs[i], self.eos_ids, self.max_seq_len)
             if stop is not None:
                 self.finish(seqs[i], stop.status, stop.stop_reason)
                 finished.append(i)
@@ -296,6 +308,13 @@ class Scheduler:
             self.running.append(seq)
         self.rows.add(seq, self.kv.block_table(seq.seq_id))
 
+    def _evict(self, seq: Sequence) -> None:
+        """Take the sequence's blocks back: it waits to be recomputed, or, preempted too often, it ends."""
+        if seq.num_preemptions >= self.config.max_preemptions:
+            self.finish(seq, SequenceStatus.FINISHED_ABORTED)
+        else:
+            self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.rows.remove(seq)
@@ -312,6 +331,11 @@ class Scheduler:
             self.waiting.remove(seq)
         if self.kv.has_sequence(seq.seq_id):
             self.kv.free(seq.seq_id)
+
+
+def _split_evicted(evicted: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
+    """(preempted, failed): the evicted sequences still waiting, and those that ended."""
+    return [s for s in evicted if not s.status.finished], [s for s in evicted if s.status.finished]
 
 
 def _budgeted(needs: LongArray, budget: int) -> LongArray:

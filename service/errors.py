@@ -8,6 +8,8 @@ import msgspec
 from aiohttp import web
 
 from scheduler.errors import (
+    ENGINE_FAILED,
+    KV_CACHE_EXHAUSTED,
     EngineStoppedError,
     InvalidRequestError,
     PromptTooLongError,
@@ -67,7 +69,7 @@ def shutting_down() -> APIError:
 
 
 def engine_failed(cause: str | None) -> APIError:
-    return unavailable(f"the engine failed and the server is restarting: {cause}", "engine_failed",
+    return unavailable(f"the engine failed and the server is restarting: {cause}", ENGINE_FAILED,
                        retry_after=RETRY_AFTER_S)
 
 
@@ -93,11 +95,14 @@ def timed_out(seconds: float) -> APIError:
                     code="request_timeout")
 
 
-def engine_failure(accepting: bool, message: str, engine_failed: bool = False) -> APIError:
+def engine_failure(accepting: bool, message: str, code: str | None = None) -> APIError:
     """A request the engine ended with an error: cut short by the engine failing or by shutdown (503: retry
-    elsewhere), or a failure of its own step (500)."""
-    if engine_failed:
-        return unavailable(f"the request was cut short: {message}", "engine_failed", retry_after=RETRY_AFTER_S)
+    elsewhere), preempted too often because the KV cache is too small for the load (503: retry later), or a
+    failure of its own step (500)."""
+    if code == ENGINE_FAILED:
+        return unavailable(f"the request was cut short: {message}", ENGINE_FAILED, retry_after=RETRY_AFTER_S)
     if not accepting:
         return unavailable(f"the request was cut short: {message}", "shutting_down")
+    if code == KV_CACHE_EXHAUSTED:
+        return unavailable(message, KV_CACHE_EXHAUSTED, retry_after=1)
     return server_error(f"generation failed: {message}", "engine_error")

@@ -83,9 +83,9 @@ async def complete_job(engine: EngineLike, job: Job, streams: list[RequestStream
             finals = await asyncio.gather(*(s.collect() for s in streams))
     except TimeoutError:
         raise timed_out(job.timeout_s) from None
-    failed = next((f.error for f in finals if f.error), None)
-    if failed is not None:
-        raise engine_failure(engine.accepting, failed, engine.failure is not None)
+    failed = next((f for f in finals if f.error), None)
+    if failed is not None and failed.error is not None:
+        raise engine_failure(engine.accepting, failed.error, failed.error_code)
     body = fmt.response(_flatten(finals, job.params.n), usage_of(finals))
     return web.Response(body=msgspec.json.encode(body), content_type=JSON_CONTENT)
 

@@ -53,19 +53,19 @@ async def _pump(resp: web.StreamResponse, engine: EngineLike, job: Job, streams:
     finals: Finals = [None] * len(streams)
     try:
         async with asyncio.timeout(job.timeout_s):
-            error = await _relay(resp, job, streams, fmt, pacer, finals)
+            failed = await _relay(resp, job, streams, fmt, pacer, finals)
     except TimeoutError:
         return error_event(timed_out(job.timeout_s)) + DONE
-    if error is not None:
-        return error_event(engine_failure(engine.accepting, error, engine.failure is not None)) + DONE
+    if failed is not None and failed.error is not None:
+        return error_event(engine_failure(engine.accepting, failed.error, failed.error_code)) + DONE
     usage = fmt.usage_chunk(usage_of([f for f in finals if f is not None])) if job.include_usage else b""
     return usage + DONE
 
 
 async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream], fmt: Formatter,
-                 pacer: Pacer, finals: Finals) -> str | None:
+                 pacer: Pacer, finals: Finals) -> RequestOutput | None:
     """One event per output (several choices' chunks in one write) until every stream ends; returns the
-    engine's error if one ended the request."""
+    output that ended a request with an engine error, if one did."""
     if preamble := fmt.preamble(job.num_choices):
         await resp.write(preamble)
     n = job.params.n
@@ -75,7 +75,7 @@ async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream
             if data := _event(fmt, out, i * n):
                 await resp.write(data)
             if out.error:
-                return out.error
+                return out
             if not out.finished:
                 await pacer.pace()
     return None

@@ -20,7 +20,8 @@ DRAIN_S = 3.0
 
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    args = ["--backend", "sim", "--sim-profile", "cpu", "--num-blocks", "256", "--drain-timeout-s", str(DRAIN_S),
+    # 512 blocks of 16 tokens hold the long stream's 5000 (a request the pool could never hold is refused).
+    args = ["--backend", "sim", "--sim-profile", "cpu", "--num-blocks", "512", "--drain-timeout-s", str(DRAIN_S),
             "--log-level", "warning"]
     with serve_process(tmp_path / "server.log", args) as server:
         yield server.proc, server.url
