@@ -36,16 +36,16 @@ class CanaryLog:
 
 async def run_canary(session: aiohttp.ClientSession, base_url: str, stop: asyncio.Event,
                      interval_s: float = 0.2) -> CanaryLog:
-    """Check every interval_s until `stop` is set (always at least once)."""
-    log, stream = CanaryLog(), False
-    while True:
+    """Check every interval_s until `stop` is set, and once more after that (so at least twice)."""
+    log, stream, stopped = CanaryLog(), False, False
+    while not stopped:
+        stopped = stop.is_set()
         text, detail = await canary_text(session, base_url + "/v1/completions", stream)
         log.record(text, detail, stream)
         stream = not stream
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
-        if stop.is_set():
-            return log
+    return log
 
 
 async def canary_text(session: aiohttp.ClientSession, url: str, stream: bool) -> tuple[str | None, str]:

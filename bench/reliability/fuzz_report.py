@@ -7,12 +7,28 @@ from dataclasses import dataclass, field
 
 from bench.reliability.fuzz_canary import CanaryLog
 from bench.reliability.fuzz_cases import Case
-from bench.reliability.fuzz_client import Answer, Problem
+from bench.reliability.fuzz_client import (
+    BAD_SUCCESS,
+    ERROR_BODY,
+    NO_ANSWER,
+    SERVER_ERROR,
+    UNEXPECTED,
+    Answer,
+    Problem,
+)
 from bench.reliability.fuzz_wire import Exchange
 from bench.reliability.protocol_cases import ProtocolCase
 
 MIN_PROTOCOL_CASES = 100
 SHOWN_BYTES = 300
+# (what must hold, the problem category that breaks it) for the generated cases.
+GENERATED_TARGETS = (
+    ("no 5xx", SERVER_ERROR),
+    ("every error is OpenAI error JSON", ERROR_BODY),
+    ("every 200 is the route's shape, every stream ends with [DONE]", BAD_SUCCESS),
+    ("valid ones served, invalid ones refused", UNEXPECTED),
+    ("every one answered", NO_ANSWER),
+)
 
 
 @dataclass
@@ -64,22 +80,16 @@ class Summary:
     tracebacks: Counter[str] | None  # in the server's log, by exception; None: no log to read
 
     def targets(self) -> list[tuple[str, bool]]:
-        g, p = self.generated, self.protocol
-        protocol = [] if p is None else [(f"protocol cases: at least {MIN_PROTOCOL_CASES}, every one passed",
-                                          p.sent >= MIN_PROTOCOL_CASES and not p.failures)]
-        return [
-            ("generated cases: no 5xx", g.problems["5xx"] == 0),
-            ("generated cases: every error is OpenAI error JSON", g.problems["bad error body"] == 0),
-            ("generated cases: every 200 is the route's shape, every stream ends with [DONE]",
-             g.problems["bad 200 body"] == 0),
-            ("generated cases: valid ones served, invalid ones refused", g.problems["unexpected status"] == 0),
-            ("generated cases: every one answered", g.problems["no answer"] == 0),
-            *protocol,
-            ("canary: checked, identical every time", self.canary.checks > 1 and not self.canary.mismatches),
-            ("final state: nothing running or waiting, no KV block used",
-             all(v == 0 for v in self.final_state.values())),
-            ("server log: no Traceback", not self.tracebacks),
-        ]
+        """(target, held); the protocol and log targets only when there were protocol cases and a log."""
+        found = [(f"generated cases: {name}", self.generated.problems[category] == 0)
+                 for name, category in GENERATED_TARGETS]
+        if self.protocol is not None:
+            found.append((f"protocol cases: at least {MIN_PROTOCOL_CASES}, every one passed",
+                          self.protocol.sent >= MIN_PROTOCOL_CASES and not self.protocol.failures))
+        found += [("canary: checked, identical every time", self.canary.checks > 1 and not self.canary.mismatches),
+                  ("final state: nothing running or waiting, no KV block used",
+                   all(v == 0 for v in self.final_state.values()))]
+        return found + ([] if self.tracebacks is None else [("server log: no Traceback", not self.tracebacks)])
 
     @property
     def passed(self) -> bool:
@@ -101,8 +111,8 @@ def _generated(s: Summary) -> list[str]:
     lines += [f"  {route:<32} {n:>6}" for route, n in sorted(g.routes.items())]
     lines.append("  by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(g.kinds.items())))
     lines.append("  statuses: " + _histogram(g.statuses))
-    for name in ("5xx", "bad error body", "bad 200 body", "unexpected status", "no answer"):
-        lines.append(f"  {name + ':':<20} {g.problems[name]}")
+    for _, category in GENERATED_TARGETS:
+        lines.append(f"  {category + ':':<20} {g.problems[category]}")
     return lines
 
 
