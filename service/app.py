@@ -13,7 +13,7 @@ from service.assemble import build_runtime, model_name
 from service.auth import load_keys
 from service.config import AppConfig
 from service.metrics import create_registry
-from service.middleware import auth_middleware, counting_middleware, error_middleware
+from service.middleware import auth_middleware, counting_middleware, error_middleware, screening_middleware
 from service.routes.completions import create_chat_completion, create_completion
 from service.routes.system import health, list_models, metrics, retrieve_model
 from service.state import CONFIG_KEY, ENCODER_KEY, REGISTRY_KEY, STATE_KEY, Phase, RuntimeBuilder, ServerState
@@ -27,7 +27,8 @@ def create_app(config: AppConfig, build: RuntimeBuilder = build_runtime) -> web.
     registry, requests = create_registry(state)
     app = web.Application(
         client_max_size=config.service.max_body_bytes,
-        middlewares=[counting_middleware(requests), error_middleware(), auth_middleware(load_keys(config.service))],
+        middlewares=[counting_middleware(requests), error_middleware(), screening_middleware(),
+                     auth_middleware(load_keys(config.service))],
     )
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state

@@ -10,6 +10,7 @@ from prometheus_client import Counter
 
 from service.auth import authorized
 from service.errors import INVALID, APIError, server_error
+from service.protocol import REFUSAL_KEY
 
 log = logging.getLogger(__name__)
 _HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: INVALID, 413: INVALID}
@@ -33,6 +34,19 @@ def error_middleware() -> Middleware:
             return server_error("internal server error").response()
 
     return errors
+
+
+def screening_middleware() -> Middleware:
+    """Answers a request the protocol screened out (service.protocol.screen) before anything else runs."""
+
+    @web.middleware
+    async def screened(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refusal = request.get(REFUSAL_KEY)
+        if refusal is not None:
+            raise refusal
+        return await handler(request)
+
+    return screened
 
 
 def auth_middleware(keys: tuple[bytes, ...]) -> Middleware:

@@ -14,12 +14,16 @@ import asyncio
 import logging
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
+from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import LineTooLong
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from service.errors import APIError, printable
 
 log = logging.getLogger(__name__)
+# A request's entry: the error its parsed message already earned (see screen()).
+REFUSAL_KEY = web.RequestKey("pagedserve.refusal", APIError)
 
 
 class GuardedProtocol(web.RequestHandler):
@@ -94,3 +98,23 @@ def protocol_error(status: int, exc: BaseException | None, message: str | None) 
 def _one_line(message: str) -> str:
     """aiohttp's parser messages span lines and point at the error with a caret line; keep the words."""
     return " ".join(line.strip() for line in message.splitlines() if line.strip().strip("^"))
+
+
+def screen(message: RawRequestMessage) -> tuple[RawRequestMessage, APIError | None]:
+    """What aiohttp parses but this server does not speak, and which aiohttp would answer in its own way (a
+    status line in the request's version, a text/plain 417): the message made safe to answer, and the error
+    to answer it with (raised by service.middleware before anything else looks at the request)."""
+    if message.version not in (HttpVersion10, HttpVersion11):
+        version = f"{message.version.major}.{message.version.minor}"
+        # 400, not 505: a client's mistake, answered as aiohttp answers other versions it cannot parse
+        return message._replace(version=HttpVersion11, should_close=True), APIError(
+            400, f"HTTP/{version} is not supported (HTTP/1.0 and HTTP/1.1 are)", code="unsupported_http_version",
+            close=True)
+    expect = message.headers.get("Expect")
+    if expect is not None and expect.lower() != "100-continue":
+        headers = CIMultiDict(message.headers)
+        headers.popall("Expect")
+        return message._replace(headers=CIMultiDictProxy(headers), should_close=True), APIError(
+            417, f"unsupported expectation {printable(expect)!r} (only 100-continue is)", code="expectation_failed",
+            close=True)
+    return message, None

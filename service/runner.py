@@ -13,7 +13,7 @@ from aiohttp.http import RawRequestMessage
 from aiohttp.streams import StreamReader
 
 from service.config import ServiceConfig
-from service.protocol import GuardedProtocol
+from service.protocol import REFUSAL_KEY, GuardedProtocol, screen
 
 RequestFactory = Callable[..., web.BaseRequest]
 SHUTDOWN_GRACE_S = 5.0  # after the drain, how long aiohttp waits for handlers to write their last bytes
@@ -54,12 +54,17 @@ class GuardedServer(web.Server):
 
 
 def _announcing(factory: RequestFactory) -> RequestFactory:
-    """aiohttp builds a request once its headers are parsed: the moment to stop the connection's header clock."""
+    """aiohttp builds a request once its headers are parsed: the moment to stop the connection's header clock,
+    and to screen what it parsed (service.protocol.screen)."""
 
     def make(message: RawRequestMessage, payload: StreamReader, protocol: web.RequestHandler,
              writer: AbstractStreamWriter, task: asyncio.Task[None]) -> web.BaseRequest:
         if isinstance(protocol, GuardedProtocol):
             protocol.headers_received()
-        return factory(message, payload, protocol, writer, task)
+        message, refusal = screen(message)
+        request = factory(message, payload, protocol, writer, task)
+        if refusal is not None:
+            request[REFUSAL_KEY] = refusal
+        return request
 
     return make
