@@ -50,9 +50,12 @@ class GuardedProtocol(web.RequestHandler):
     async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
         try:
-            return await super().finish_response(request, resp, start_time)
+            done = await super().finish_response(request, resp, start_time)
         finally:
             self._between_requests = True
+        if resp.status == 408:  # the body stalled: no lingering for the rest of it, close once the 408 is out
+            self.force_close()
+        return done
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()

@@ -67,6 +67,10 @@ class Server:
         assert self._proc is not None, "the server is not running"
         return self._proc.pid
 
+    def send_signal(self, sig: int) -> None:
+        assert self._proc is not None, "the server is not running"
+        self._proc.send_signal(sig)
+
     @property
     def returncode(self) -> int | None:
         """The exit status once the process has ended (None while it runs)."""

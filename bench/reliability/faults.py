@@ -2,11 +2,12 @@
 
     python -m bench.reliability.faults [--requests 400] [--concurrency 16] [--seed 0]
 
-One server per kind (sim backend, cpu profile), `--concurrency` clients, one choice per request:
-  step_error%3         failed requests == the sequences of the failed steps, as the server logged each one;
+One server per kind (sim backend, cpu profile), `--concurrency` clients, one choice per request, the fault
+on every 25th step up to the 250th (the load takes about 300):
+  step_error           failed requests == the sequences of the failed steps, as the server logged each one;
                        every failure is a 500 `engine_error` or an in-band error naming the injected fault
-  bad_token%3          one request per fired fault fails ("outside the vocabulary"), its neighbours finish
-  slow_step:0.2%3      nobody fails; it only costs time
+  bad_token            one request per fired fault fails ("outside the vocabulary"), its neighbours finish
+  slow_step:0.2        nobody fails; it only costs time
   hang@10              /health turns 503 within step_timeout_s + 1 s of the last token, every open stream ends
                        with 503 `engine_failed`, and the process exits with status 3
 After each non-fatal drill a new request succeeds, /health is 200 and nothing is left running or held.
@@ -60,7 +61,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, seen: Seen) -> None:
         if line.startswith(b"data: {"):
             event = json.loads(line[6:])
             error = event.get("error", error)
-            seen.last_token = time.monotonic()
+            if any(choice.get("text") for choice in event.get("choices", ())):  # a token, not the abort notice
+                seen.last_token = time.monotonic()
     if error is None:
         seen.ok += 1
     else:
@@ -119,10 +121,10 @@ async def drill(kind: str, spec: str, args: argparse.Namespace) -> tuple[list[st
         healthy, state = await after_drill(server.url)
         log = server.log_text()
     kinds = Counter(f.split(":")[0] for f in seen.failures)
-    lines = [f"{spec}: {seen.ok} ok, {len(seen.failures)} failed {dict(kinds)}, {len(seen.unexpected)} "
-             f"unexpected; after: {state}"]
+    lines = [f"{kind} on {spec.count(',') + 1} steps: {seen.ok} ok, {len(seen.failures)} failed {dict(kinds)}, "
+             f"{len(seen.unexpected)} unexpected; after: {state}"]
     checks = {"no unexpected answer": not seen.unexpected, "a new request succeeds, /health 200, idle": healthy,
-              "no traceback but the logged step failures'": log.count("Traceback") == len(ANY_STEP_FAILED.findall(log))}
+              "no traceback but the logged step failures": log.count("Traceback") == len(ANY_STEP_FAILED.findall(log))}
     checks.update(_kind_checks(kind, seen, log))
     marks, ok = verdict(checks)
     return [*lines, *marks], ok
@@ -181,7 +183,14 @@ def _wait_exit(server: Server, timeout: float = 15.0) -> int | None:
     return server.returncode
 
 
-DRILLS = (("step_error", "step_error%3"), ("bad_token", "bad_token%3"), ("slow_step", "slow_step:0.2%3"))
+def on_steps(fault: str, every: int = 25, last: int = 250) -> str:
+    """The fault on every `every`-th step up to `last`: all inside the drill's load (~300 steps), none after it,
+    so the request sent afterwards meets no fault."""
+    return ",".join(f"{fault}@{step}" for step in range(every, last + 1, every))
+
+
+DRILLS = (("step_error", on_steps("step_error")), ("bad_token", on_steps("bad_token")),
+          ("slow_step", on_steps("slow_step:0.2")))
 
 
 async def all_drills(args: argparse.Namespace) -> tuple[list[str], bool]:
