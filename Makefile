@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint bench-backend bench-kv clean
+.PHONY: serve test lint bench-backend bench-kv bench-reliability clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ bench-backend: $(STAMP)
 
 bench-kv: $(STAMP)
 	$(BIN)/python -m bench.kv_capacity
+
+# The long reliability runs of docs/RELIABILITY.md, one after another (about 5 minutes); each exits non-zero
+# when a target fails.
+RELIABILITY_RUNS := soak fuzz faults overload drain slow_clients big_prompts
+bench-reliability: $(STAMP)
+	set -e; for run in $(RELIABILITY_RUNS); do $(BIN)/python -m bench.reliability.$$run; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

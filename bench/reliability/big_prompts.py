@@ -20,23 +20,11 @@ from collections.abc import Sequence
 import aiohttp
 
 from bench.experiments.server import Server
-from bench.reliability.common import Tally, verdict
+from bench.reliability.common import Tally, neighbour, verdict
 from bench.stats import pct
 
-NEIGHBOUR = {"prompt": "A neighbour's story", "max_tokens": 64, "stream": True, "ignore_eos": True}
 ATTACKS = {"1.9 MB prompts": "word " * 380_000, "600 KB prompts": "word " * 120_000}
 
-
-async def neighbour(session: aiohttp.ClientSession, url: str, until: float, gaps: list[float]) -> None:
-    while time.monotonic() < until:
-        async with session.post(url + "/v1/completions", json=NEIGHBOUR) as resp:
-            last = None
-            async for line in resp.content:
-                if line.startswith(b"data: {"):
-                    now = time.monotonic()
-                    if last is not None:
-                        gaps.append(now - last)
-                    last = now
 
 
 async def attacker(session: aiohttp.ClientSession, url: str, until: float, prompt: str, tally: Tally) -> None:

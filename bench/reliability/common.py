@@ -14,6 +14,7 @@ import aiohttp
 
 from bench.loadgen.promtext import gauge_values
 
+NEIGHBOUR = {"prompt": "A neighbour's story", "max_tokens": 64, "stream": True, "ignore_eos": True}
 _USED_BLOCKS = re.compile(r'^pagedserve_kv_cache_blocks\{state="used"\} (\S+)$', re.MULTILINE)
 
 
@@ -90,3 +91,20 @@ class Tally:
 def verdict(checks: dict[str, bool]) -> tuple[list[str], bool]:
     """One line per target, and whether all held."""
     return [f"  [{'ok' if ok else 'FAILED'}] {name}" for name, ok in checks.items()], all(checks.values())
+
+
+async def neighbour(session: aiohttp.ClientSession, url: str, until: float, gaps: list[float],
+                    tally: Tally | None = None) -> None:
+    """A bystander: NEIGHBOUR streams one after another until `until`, each gap between its chunks recorded
+    (and each answer's status, in `tally`)."""
+    while time.monotonic() < until:
+        async with session.post(url + "/v1/completions", json=NEIGHBOUR) as resp:
+            if tally is not None:
+                tally.add(f"neighbour: {resp.status}")
+            last = None
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    now = time.monotonic()
+                    if last is not None:
+                        gaps.append(now - last)
+                    last = now

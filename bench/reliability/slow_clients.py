@@ -25,11 +25,10 @@ import aiohttp
 from yarl import URL
 
 from bench.experiments.server import Server
-from bench.reliability.common import Tally, verdict
+from bench.reliability.common import Tally, neighbour, verdict
 from bench.stats import pct
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-NEIGHBOUR = {"prompt": "A neighbour's story", "max_tokens": 64, "stream": True, "ignore_eos": True}
 
 
 @dataclass(frozen=True)
@@ -114,19 +113,6 @@ def _is_408_json(received: bytes) -> bool:
     except (ValueError, KeyError, TypeError):
         return False
 
-
-async def neighbour(session: aiohttp.ClientSession, url: str, until: float, gaps: list[float], tally: Tally
-                    ) -> None:
-    while time.monotonic() < until:
-        async with session.post(url + "/v1/completions", json=NEIGHBOUR) as resp:
-            tally.add(f"neighbour: {resp.status}")
-            last = None
-            async for line in resp.content:
-                if line.startswith(b"data: {"):
-                    now = time.monotonic()
-                    if last is not None:
-                        gaps.append(now - last)
-                    last = now
 
 
 async def run(url: str, each: int, limits: Limits) -> tuple[list[str], bool]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from backends.base import KVGeometry, StepBatch, StepOutput
 from backends.config import BackendConfig
-from backends.model.loader import ModelFiles, open_model
+from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
@@ -22,15 +22,11 @@ from scheduler.outputs import RequestOutput, RequestStream
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
 from telemetry.interface import NullObserver, StepRecord, TokenRecord
+from tests.scheduler.engine_helpers import prompt, run
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_LEN = 16, 1024, 4096
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
-T = TypeVar("T")
 
-
-@pytest.fixture(scope="module")
-def files() -> ModelFiles:
-    return open_model()[1]
 
 
 class FlakySim:
@@ -85,15 +81,6 @@ def make_engine(files: ModelFiles, backend: FlakySim, observer: StepLog | None =
     return engine, kv
 
 
-def prompt(i: int, length: int = 20) -> tuple[int, ...]:
-    return tuple(1000 + (97 * i + 13 * j) % 20000 for j in range(length))
-
-
-def run(body: Callable[[], Coroutine[Any, Any, T]], timeout: float = 15.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(body(), timeout)
-
-    return asyncio.run(bounded())
 
 
 async def read_all(stream: RequestStream) -> list[RequestOutput]:

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from backends.base import StepBatch, StepOutput
 from backends.config import BackendConfig
-from backends.model.loader import ModelFiles, open_model
+from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
@@ -25,15 +25,11 @@ from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
 from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
 from telemetry.interface import NullObserver
+from tests.scheduler.engine_helpers import prompt, run
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_LEN = 16, 256, 2048
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
-T = TypeVar("T")
 
-
-@pytest.fixture(scope="module")
-def files() -> ModelFiles:
-    return open_model()[1]
 
 
 class Failures(NullObserver):
@@ -58,19 +54,10 @@ def make_engine(files: ModelFiles, backend: Any, tokenizer: Any = None, step_tim
     return engine, kv, failures
 
 
-def prompt(i: int, length: int = 12) -> tuple[int, ...]:
-    return tuple(1000 + (97 * i + 13 * j) % 20000 for j in range(length))
-
 
 def submit_all(engine: Engine, count: int, params: SamplingParams = GREEDY) -> list[Any]:
     return [engine.submit(EngineRequest(f"r{i}", prompt(i), params)).collect() for i in range(count)]
 
-
-def run(body: Callable[[], Coroutine[Any, Any, T]], timeout: float = 20.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(body(), timeout)
-
-    return asyncio.run(bounded())
 
 
 def ok(out: RequestOutput, tokens: int = 6) -> bool:

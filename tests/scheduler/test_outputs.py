@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from backends.config import BackendConfig
-from backends.model.loader import ModelFiles, open_model
+from backends.model.loader import ModelFiles
 from backends.sim_backend import create
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
@@ -48,8 +46,3 @@ def test_usage_counts_every_choice_token(files: ModelFiles) -> None:
     for out in outs:
         assert out.finished and out.completion_tokens == sum(len(c.token_ids) for c in out.choices) > 0
         assert all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in out.choices)
-
-
-@pytest.fixture(scope="module")
-def files() -> ModelFiles:
-    return open_model()[1]
