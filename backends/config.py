@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 BACKEND_NAMES = ("numpy", "cupy", "sim")
 CPU_KERNELS = ("auto", "native", "numpy")
+WEIGHTS = ("gguf", "float32")
+CPU_PRECISIONS = ("exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -18,12 +20,18 @@ class BackendConfig:
     sim_seed: int = 0
     sim_faults: str = ""  # sim only: injected failures, e.g. "step_error@3,bad_token%5" (sim_backend/faults.py)
     cpu_kernels: str = "auto"  # numpy only: auto (C kernels, NumPy if no compiler) | native | numpy
+    weights: str = "gguf"  # gguf: each matrix as the file stores it (where a kernel reads its type) | float32
+    cpu_precision: str = "exact"  # numpy only: exact (float32 arithmetic) | fast (bfloat16 products, batches)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):
             raise ValueError(f"backend dtype must be float32, float16 or bfloat16, not {self.dtype!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {CPU_KERNELS}, not {self.cpu_kernels!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, not {self.weights!r}")
+        if self.cpu_precision not in CPU_PRECISIONS:
+            raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, not {self.cpu_precision!r}")
         if self.sim_faults:  # a typo fails at start-up, naming the item
             from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
 

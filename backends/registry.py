@@ -16,8 +16,10 @@ Factory = Callable[[BackendConfig, ModelFiles], Backend]
 def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
     from backends.model.loader import load_model  # noqa: PLC0415
     from backends.numpy_backend.backend import NumpyBackend  # noqa: PLC0415
+    from backends.numpy_backend.native.weights import STORED_TYPES  # noqa: PLC0415
 
-    return NumpyBackend(load_model(files.path), config.cpu_kernels)
+    stored = STORED_TYPES if config.weights == "gguf" else ()
+    return NumpyBackend(load_model(files.path, stored), config.cpu_kernels, config.cpu_precision)
 
 
 def _cupy(config: BackendConfig, files: ModelFiles) -> Backend:

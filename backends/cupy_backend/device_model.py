@@ -19,6 +19,7 @@ from backends.cupy_backend.storage import Storage
 
 if TYPE_CHECKING:  # the loader imports gguf; the backend only needs the arrays
     from backends.model.config import ModelConfig
+    from backends.model.quant import Matrix
     from backends.model.weights import LayerWeights, ModelWeights
 
 
@@ -48,10 +49,12 @@ class DeviceWeights:
 
 
 def upload_weights(xp: Any, storage: Storage, config: ModelConfig, weights: ModelWeights) -> DeviceWeights:
-    """float32 host weights -> device arrays in `storage`, each sent once (a tied head shares the embedding)."""
+    """Host weights -> device arrays in `storage`, each sent once (a tied head shares the embedding); a matrix
+    kept as the file stores it is dequantized on the host first."""
+    from backends.model.quant import dense  # noqa: PLC0415 - imports gguf, as the loader that made the weights
 
-    def put(a: np.ndarray) -> Any:
-        return xp.asarray(storage.encode(np, np.ascontiguousarray(a, dtype=np.float32)))
+    def put(a: Matrix) -> Any:
+        return xp.asarray(storage.encode(np, np.ascontiguousarray(dense(a), dtype=np.float32)))
 
     embedding = put(weights.embedding)
     lm_head = embedding if weights.lm_head is weights.embedding else put(weights.lm_head)

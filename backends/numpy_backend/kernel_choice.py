@@ -51,7 +51,7 @@ def _attention(mode: str, config: ModelConfig) -> tuple[DecodeAttention, ChunkAt
 
 
 def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeFusedStep | None:
-    if NativeFusedStep.supports(config):
+    if NativeFusedStep.supports(config, weights):
         return _native(mode, "fused step", lambda: NativeFusedStep(config, weights), None)
     if mode == "native":
         raise BackendError("the fused C step does not support this model's shape")

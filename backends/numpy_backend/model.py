@@ -8,6 +8,7 @@ import numpy as np
 
 from backends.base import StepBatch
 from backends.model.config import ModelConfig
+from backends.model.quant import lookup
 from backends.model.weights import LayerWeights, ModelWeights
 from backends.numpy_backend.attention import (
     AttentionLayout,
@@ -47,7 +48,7 @@ class LlamaForward:
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
         """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
-        x = self.weights.embedding[batch.token_ids]
+        x = lookup(self.weights.embedding, batch.token_ids)
         step = StepContext(AttentionLayout.of(batch.query_start), *self.rope.at(batch.positions))
         if self.fused_step is not None and self.fused_step.fits(len(x)):
             self._fused(x, batch, step, cache)

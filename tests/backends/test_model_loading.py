@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,10 @@ from gguf import quants
 from backends.model.config import ModelLoadError
 from backends.model.gguf_file import read_gguf
 from backends.model.loader import load_model, open_model
-from backends.model.weights import dequantize
+from backends.model.quant import Matrix, QuantMatrix
+from backends.model.weights import ModelWeights, dequantize
+from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.tiny_gguf import write_tiny_llama
 
 
@@ -91,3 +95,45 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:
 def test_default_model_loads_quickly_enough_to_report() -> None:
     model = load_model()
     assert model.load_seconds > 0 and model.weights.num_bytes > 500e6  # float32, about 538 MB
+
+
+def _matrices(weights: ModelWeights) -> list[Matrix]:
+    return [weights.embedding, weights.lm_head, *(getattr(layer, name) for layer in weights.layers
+                                                  for name in ("wqkv", "wo", "w_gate_up", "w_down"))]
+
+
+def test_the_default_model_kept_as_stored_makes_no_float32_copy() -> None:
+    model = load_model(stored=STORED_TYPES)
+    assert all(isinstance(m, QuantMatrix) for m in _matrices(model.weights)) and not model.weights.dequantized
+    assert model.weights.num_bytes < 100e6  # 97 MB as stored (538 MB as float32)
+    assert {m.qtype for m in _matrices(model.weights)} == {Q.Q4_1, Q.Q8_0}
+    float_arrays = [a for layer in model.weights.layers for a in vars(layer).values() if isinstance(a, np.ndarray)]
+    assert all(a.ndim == 1 for a in float_arrays)  # the norms only
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_stored_matrices_are_the_files_bytes(tmp_path: Path, qtype: Q) -> None:
+    path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=qtype)
+    weights, raw = load_model(path, stored=STORED_TYPES).weights, read_gguf(path)
+    assert isinstance(weights.layers[0].w_down, QuantMatrix) and weights.layers[0].w_down.qtype == qtype
+    np.testing.assert_array_equal(weights.layers[0].w_down.data, raw.raw("blk.0.ffn_down.weight").reshape(64, -1))
+    np.testing.assert_array_equal(weights.layers[1].wqkv.dequantize(), np.concatenate(  # type: ignore[union-attr]
+        [dequantize(raw, f"blk.1.attn_{p}.weight") for p in "qkv"]))
+
+
+def test_a_type_without_a_kernel_is_dequantized_and_named(tmp_path: Path) -> None:
+    types = {"blk.0.ffn_down.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q4_0}
+    weights = load_model(write_tiny_llama(tmp_path / "tiny.gguf", types=types), stored=STORED_TYPES).weights
+    assert isinstance(weights.layers[0].w_down, np.ndarray) and isinstance(weights.layers[1].wqkv, np.ndarray)
+    assert isinstance(weights.layers[1].w_down, QuantMatrix)
+    assert weights.dequantized == ("blk.0.ffn_down.weight (Q5_0)", "blk.1.attn_qkv (mixed Q8_0/Q8_0/Q4_0)")
+
+
+def test_the_backend_says_once_which_matrices_are_float32_copies(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    types = {f"blk.{i}.ffn_down.weight": Q.Q5_0 for i in range(2)}
+    model = load_model(write_tiny_llama(tmp_path / "tiny.gguf", types=types), stored=STORED_TYPES)
+    with caplog.at_level(logging.WARNING):
+        NumpyBackend(model, "numpy")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 weight matrices are float32 copies" in warnings[0] and "2 x Q5_0" in warnings[0]

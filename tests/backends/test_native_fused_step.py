@@ -16,6 +16,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.fused_step import NativeFusedStep
+from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -219,3 +220,27 @@ def test_a_replaced_cache_array_is_written_not_the_freed_one(
     backend.cache.keys[0] = np.zeros_like(backend.cache.keys[0])
     run_one(step, backend, 5, [0, 1], 6)
     assert backend.cache.keys[0].reshape(-1, 32)[5].any()
+
+
+@pytest.fixture(scope="module")
+def stored_model() -> LoadedModel:
+    return load_model(stored=STORED_TYPES)
+
+
+@pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), ([9, 16, 100, 255, 33, 1, 17], [1] * 7),
+                                                  ([40, 17, 0, 100], [1, 7, 20, 1]), ([0, 3], [70, 1])],
+                         ids=["prompt", "seven decodes", "mixed", "per-layer path"])
+def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, stored_model: LoadedModel,
+                                                         prefixes: list[int], chunks: list[int]) -> None:
+    """The default model's Q4_1 layers and Q8_0 head read as stored, against the same model dequantized to
+    float32 at load: the same logits and K/V, bit for bit, on the fused step and on the per-layer path."""
+    pair = Pair(model, 512, 16)
+    stored = NumpyBackend(stored_model, "native")
+    stored.init_cache(512, 16)
+    batch = pair.step_batch(prefixes, chunks)
+    for mine, theirs in zip((*stored.cache.keys, *stored.cache.values),
+                            (*pair.fused.cache.keys, *pair.fused.cache.values), strict=True):
+        mine[...] = theirs
+    np.testing.assert_array_equal(stored.compute_logits(batch), pair.fused.compute_logits(batch))
+    for mine, theirs in zip(stored.cache.keys, pair.fused.cache.keys, strict=True):
+        np.testing.assert_array_equal(mine, theirs)

@@ -30,19 +30,23 @@ class TinyShape:
 
 
 def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0,
-                     shape: TinyShape = TinyShape()) -> Path:
-    """Random weights (matrices stored as `weight_type`, norms near 1) over a 32-token vocabulary."""
+                     shape: TinyShape = TinyShape(), types: dict[str, Q] | None = None) -> Path:
+    """Random weights (matrices stored as `weight_type`, or as `types` names them by tensor name; norms near 1)
+    over a 32-token vocabulary."""
+    types = types or {}
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     _metadata(writer, shape)
     hidden, ffn, kv = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim
-    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)), weight_type)
+    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)),
+            types.get("token_embd.weight", weight_type))
     _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
     for i in range(shape.layers):
         for name, dims in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
-            _tensor(writer, f"blk.{i}.{name}.weight", rng.normal(0, shape.weight_scale, dims), weight_type)
+            tensor = f"blk.{i}.{name}.weight"
+            _tensor(writer, tensor, rng.normal(0, shape.weight_scale, dims), types.get(tensor, weight_type))
         for name in ("attn_norm", "ffn_norm"):
             _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, hidden), Q.F32)
     writer.write_header_to_file()

@@ -1,5 +1,6 @@
 """Our NumPy model against reference values computed from the same GGUF by an independent implementation
-(transformers + PyTorch, float32; see make_golden.py in this folder)."""
+(transformers + PyTorch, float32; see make_golden.py in this folder), with the weights dequantized to float32 at
+load and with them kept as the file stores them (dequantized in the kernels' registers): the same tolerances."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
@@ -24,9 +26,9 @@ LOGIT_TOL = 1e-3
 MARGIN_FLOOR = 2e-3  # a greedy step closer than this to a tie may legitimately flip between implementations
 
 
-@pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model()
+@pytest.fixture(scope="module", params=["float32", "gguf"])
+def model(request: pytest.FixtureRequest) -> LoadedModel:
+    return load_model(stored=STORED_TYPES if request.param == "gguf" else ())
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 
 #include "attention.h"
-#include "matmul.h"
+#include "quant_matmul.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -43,8 +43,9 @@ typedef struct {
     float eps;
 } ModelShape;
 
-typedef struct { /* one layer's weights (matrices (out, in) as stored) and its KV cache */
-    const float *attn_norm, *wqkv, *wo, *ffn_norm, *w_gate_up, *w_down;
+typedef struct { /* one layer's weights (matrices (out, in) as stored: float32 or a GGUF type) and KV cache */
+    const float *attn_norm, *ffn_norm;
+    Weights wqkv, wo, w_gate_up, w_down;
     float *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim) */
 } LayerRefs;
 
@@ -145,21 +146,21 @@ static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const Ste
     const int64_t qkv_width = q_size + 2 * m->kv_heads * m->head_dim;
     rms_norm_rows(a->x, layer->attn_norm, a->normed, rows, hidden, m->eps);
     clock_mark(clock, TIME_OTHER);
-    project_rows(a->normed, layer->wqkv, a->qkv, rows, hidden, qkv_width, 0);
+    project_weights(a->normed, &layer->wqkv, a->qkv, rows, hidden, qkv_width, 0);
     clock_mark(clock, TIME_PROJECTIONS);
     rope_and_store_rows(m, layer, s, a->qkv);
     clock_mark(clock, TIME_OTHER);
     attend_rows(m, layer, s, a, scratch);
     clock_mark(clock, TIME_ATTENTION);
-    project_rows(a->attn, layer->wo, a->x, rows, q_size, hidden, 1);
+    project_weights(a->attn, &layer->wo, a->x, rows, q_size, hidden, 1);
     clock_mark(clock, TIME_PROJECTIONS);
     rms_norm_rows(a->x, layer->ffn_norm, a->normed, rows, hidden, m->eps);
     clock_mark(clock, TIME_OTHER);
-    project_rows(a->normed, layer->w_gate_up, a->gate_up, rows, hidden, 2 * m->ffn, 0);
+    project_weights(a->normed, &layer->w_gate_up, a->gate_up, rows, hidden, 2 * m->ffn, 0);
     clock_mark(clock, TIME_PROJECTIONS);
     silu_mul_rows(a->gate_up, a->act, rows, m->ffn);
     clock_mark(clock, TIME_OTHER);
-    project_rows(a->act, layer->w_down, a->x, rows, m->ffn, hidden, 1);
+    project_weights(a->act, &layer->w_down, a->x, rows, m->ffn, hidden, 1);
     clock_mark(clock, TIME_PROJECTIONS);
 }
 
@@ -173,10 +174,15 @@ static int check_cache_refs(const ModelShape *m, const StepRows *s) {
     return 0;
 }
 
-/* -2 unless every width is a multiple of 8 and the heads group evenly (at most 16 query heads per kv head). */
-static int check_shape(const ModelShape *m) {
+/* -2 unless every width is a multiple of 8, the heads group evenly (at most 16 query heads per kv head) and
+ * every matrix is of a type the projections read with its width. */
+static int check_shape(const ModelShape *m, const LayerRefs *layers) {
     const int ok = m->head_dim % LANES == 0 && m->hidden % LANES == 0 && m->ffn % LANES == 0 && m->kv_heads > 0
                    && m->heads % m->kv_heads == 0 && m->heads / m->kv_heads <= MAX_GROUP && m->block_size > 0;
+    for (int64_t l = 0; ok && l < m->layers; l++)
+        if (!weights_supported(layers[l].wqkv.type, m->hidden) || !weights_supported(layers[l].wo.type, m->heads * m->head_dim)
+            || !weights_supported(layers[l].w_gate_up.type, m->hidden) || !weights_supported(layers[l].w_down.type, m->ffn))
+            return -2;
     return ok ? 0 : -2;
 }
 
@@ -212,7 +218,7 @@ static Scratch *alloc_scratch(const ModelShape *m, int64_t max_ctx, int threads)
 int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds) {
     int64_t total;
     for (int part = 0; part < TIME_PARTS; part++) seconds[part] = 0.0;
-    if (check_shape(m) != 0) return -2;
+    if (check_shape(m, layers) != 0) return -2;
     const int64_t max_ctx = max_context(s->context_lens, s->rows, s->table_stride * m->block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
     if (check_cache_refs(m, s) != 0) return -5;

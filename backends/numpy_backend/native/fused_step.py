@@ -18,12 +18,14 @@ from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.kernels import MAX_GROUP
 from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
+from backends.numpy_backend.native.weights import CWeights, c_weights, readable
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
 _ERRORS = {-1: "out of memory", -2: "unsupported model shape", -3: "context length outside its block table",
            -5: "KV slot or block outside the cache"}
 STAGES = ("projections", "attention", "other")  # fused_step.c's TIME_* order
-_LAYER_ARRAYS = ("attn_norm", "wqkv", "wo", "ffn_norm", "w_gate_up", "w_down")
+_NORMS = ("attn_norm", "ffn_norm")
+_MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
 class _ModelShape(ctypes.Structure):
@@ -32,7 +34,8 @@ class _ModelShape(ctypes.Structure):
 
 
 class _LayerRefs(ctypes.Structure):
-    _fields_ = [(name, _P) for name in (*_LAYER_ARRAYS, "keys", "values")]
+    _fields_ = [(name, _P) for name in _NORMS] + [(name, CWeights) for name in _MATRICES] + [
+        ("keys", _P), ("values", _P)]
 
 
 class _StepRows(ctypes.Structure):
@@ -55,10 +58,12 @@ class NativeFusedStep:
         self._bound: tuple[tuple[np.ndarray, ...], _ModelShape, ctypes.Array[_LayerRefs]] | None = None
 
     @staticmethod
-    def supports(config: ModelConfig) -> bool:
+    def supports(config: ModelConfig, weights: ModelWeights) -> bool:
+        """The model's shape, and every layer matrix readable by the projections as it is kept."""
         return (config.head_dim % LANES == 0 and config.hidden_size % LANES == 0
                 and config.intermediate_size % LANES == 0 and config.num_heads % config.num_kv_heads == 0
-                and config.num_heads // config.num_kv_heads <= MAX_GROUP)
+                and config.num_heads // config.num_kv_heads <= MAX_GROUP
+                and all(readable(getattr(layer, name)) for layer in weights.layers for name in _MATRICES))
 
     def fits(self, rows: int) -> bool:
         return 0 < rows <= self.max_rows
@@ -99,10 +104,12 @@ class NativeFusedStep:
     def _layer_refs(self, cache: PagedKVCache) -> ctypes.Array[_LayerRefs]:
         refs = (_LayerRefs * self.config.num_layers)()
         for i, layer in enumerate(self.weights.layers):
-            arrays = [getattr(layer, name) for name in _LAYER_ARRAYS] + [cache.keys[i], cache.values[i]]
-            _require(all(is_c_array(a, np.float32) for a in arrays),
-                     f"layer {i}: weights and cache must be C-contiguous float32")
-            refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays))
+            arrays = [getattr(layer, name) for name in _NORMS] + [cache.keys[i], cache.values[i]]
+            matrices = [getattr(layer, name) for name in _MATRICES]
+            _require(all(is_c_array(a, np.float32) for a in arrays) and all(readable(w) for w in matrices),
+                     f"layer {i}: norms and cache must be C-contiguous float32, matrices of a readable type")
+            refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays[:2]), *(c_weights(w) for w in matrices),
+                                 *(a.ctypes.data for a in arrays[2:]))
         return refs
 
 

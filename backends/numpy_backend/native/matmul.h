@@ -108,11 +108,16 @@ typedef struct { /* lines of weights to prefetch, spread over the register block
     int64_t line, lines, per_block;
 } Ahead;
 
+/* `bytes` of weights from `base` (the next group's), over `blocks` register blocks. */
+static Ahead ahead_bytes(const void *base, int64_t bytes, int64_t blocks) {
+    const int64_t lines = bytes / 64;
+    return (Ahead){(const char *)base, 0, lines, blocks > 0 ? (lines + blocks - 1) / blocks : 0};
+}
+
 /* The weight rows from `row` (at most n) on, up to `rows` of them (fewer at the end of w), over `blocks`
  * register blocks. */
 static Ahead ahead_of(const float *w, int64_t k, int64_t n, int64_t row, int64_t rows, int64_t blocks) {
-    const int64_t lines = (n - row < rows ? n - row : rows) * k * (int64_t)sizeof(float) / 64;
-    return (Ahead){(const char *)(w + row * k), 0, lines, blocks > 0 ? (lines + blocks - 1) / blocks : 0};
+    return ahead_bytes(w + row * k, (n - row < rows ? n - row : rows) * k * (int64_t)sizeof(float), blocks);
 }
 
 /* One register block's share of the prefetches. */
@@ -122,21 +127,27 @@ static inline void ahead_step(Ahead *a) {
         __builtin_prefetch(a->base + a->line * 64, 0, PREFETCH_LOCALITY);
 }
 
-/* Strips first .. first + count - 1 for every row of x: each register block of x rows passes all the group's
- * strips while it is in L1, and the group's weights (GROUP strips) stay in L2 for the next block. Meanwhile
- * the next group's weights are prefetched into L2, a few lines after each register block. Left to the hardware
- * prefetcher, the first block of each group waited on memory, and the others computed with the bus idle: this
- * overlap took the projections of a batch-8 step from 27.5 to 17.6 ms, and of a batch-64 step from 99 to 82.
- * (Into L1 as well, locality 3, it was no faster at batch 32-64 and slower at 4-8: it evicts x.) */
+/* Strips first .. first + count - 1 (their weights from `strips` on, STRIP * k floats each) for every row of x:
+ * each register block of x rows passes all the group's strips while it is in L1, and the group's weights
+ * (GROUP strips) stay in L2 for the next block. Meanwhile the next group's weights are prefetched into L2
+ * (`ahead`), a few lines after each register block. Left to the hardware prefetcher, the first block of each
+ * group waited on memory, and the others computed with the bus idle: this overlap took the projections of a
+ * batch-8 step from 27.5 to 17.6 ms, and of a batch-64 step from 99 to 82. (Into L1 as well, locality 3, it
+ * was no faster at batch 32-64 and slower at 4-8: it evicts x.) */
+static void pass_strips(const float *x, const float *strips, float *y, int64_t m, int64_t k, int64_t n,
+                        int64_t first, int64_t count, int add, Ahead *ahead) {
+    for (int64_t i = 0; i < m; i += BLOCK_ROWS)
+        for (int64_t s = 0; s < count; s++) {
+            block_dots_rows(x + i * k, k, strips + s * STRIP * k, y + i * n + (first + s) * STRIP, n,
+                            m - i < BLOCK_ROWS ? m - i : BLOCK_ROWS, add);
+            ahead_step(ahead);
+        }
+}
+
 static void project_strips(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n,
                            int64_t first, int64_t count, int add) {
     Ahead ahead = ahead_of(w, k, n, (first + count) * STRIP, count * STRIP, (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count);
-    for (int64_t i = 0; i < m; i += BLOCK_ROWS)
-        for (int64_t s = first; s < first + count; s++) {
-            block_dots_rows(x + i * k, k, w + s * STRIP * k, y + i * n + s * STRIP, n,
-                            m - i < BLOCK_ROWS ? m - i : BLOCK_ROWS, add);
-            ahead_step(&ahead);
-        }
+    pass_strips(x, w + first * STRIP * k, y, m, k, n, first, count, add, &ahead);
 }
 
 /* The weight rows from `first` on (those past the last whole tile or group of strips): whole strips, then one

@@ -1,16 +1,36 @@
 /* y = x @ w.T for the few rows of a decode step, for the NumPy backend on the CPU (the tile loop is in
- * matmul.h, shared with the fused step).
+ * matmul.h, shared with the fused step), with w float32 or as a GGUF file stores it (quant_matmul.h); and the
+ * dequantization of a whole stored matrix, for the steps too large for these kernels.
  *
- * The reference is NumPy's `x @ w.T` (tests/backends/test_native_matmul.py); results differ from it only by
- * float32 summation order. The tiles are split across OpenMP threads; built without OpenMP, one thread.
+ * The reference is NumPy's `x @ w.T` (tests/backends/test_native_matmul.py) on gguf's dequantization
+ * (test_native_quant.py); results differ from it only by float32 summation order. The tiles are split across
+ * OpenMP threads; built without OpenMP, one thread.
  */
-#include "matmul.h"
+#include "quant_matmul.h"
 
 /* Needs k % 8 == 0 (returns -2 otherwise, and for negative sizes); returns 0. */
 int matmul_rows_f32(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n) {
     if (k <= 0 || k % LANES != 0 || m < 0 || n < 0) return -2;
 #pragma omp parallel
     project_rows(x, w, y, m, k, n, 0);
+    return 0;
+}
+
+/* The same for w (n, k) as stored, `type` one of quant.h's; -2 for sizes or a type the kernels do not take. */
+int matmul_weights_f32(const float *x, const uint8_t *data, int64_t row_bytes, int32_t type, float *y, int64_t m,
+                       int64_t k, int64_t n) {
+    if (k <= 0 || m < 0 || n < 0 || !weights_supported(type, k)) return -2;
+    const Weights w = {data, row_bytes, type};
+#pragma omp parallel
+    project_weights(x, &w, y, m, k, n, 0);
+    return 0;
+}
+
+/* out (n, k) float32 = the stored matrix, rows shared among the threads; -2 as matmul_weights_f32. */
+int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *out, int64_t n, int64_t k) {
+    if (k <= 0 || n < 0 || !weights_supported(type, k)) return -2;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) dequantize_row(data + r * row_bytes, type, k, out + r * k);
     return 0;
 }
 

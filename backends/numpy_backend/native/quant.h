@@ -1,0 +1,238 @@
+/* Weight matrices as a GGUF file stores them, read by the projections without a float32 copy.
+ *
+ * A matrix is rows of bytes: blocks of 32 weights (Q4_0, Q4_1, Q8_0) or plain 16-bit floats (F16, BF16), or
+ * float32. Each value is dequantized in registers exactly as the `gguf` package's NumPy code computes it
+ * (d * q, then + m, each rounded to float32, never fused), so the projections of quant_matmul.h give the same
+ * floats from the stored matrix as matmul.h gives from its float32 copy. The reference is gguf's
+ * `quants.dequantize` (tests/backends/test_native_quant.py).
+ */
+#ifndef PAGEDSERVE_QUANT_H
+#define PAGEDSERVE_QUANT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+/* ggml's type ids, as the file stores them */
+enum { WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q8_0 = 8, WEIGHTS_BF16 = 30 };
+#define QBLOCK 32 /* weights per block of the quantized types */
+
+typedef struct {
+    const uint8_t *data; /* row r starts at data + r * row_bytes */
+    int64_t row_bytes;
+    int32_t type;
+} Weights;
+
+typedef uint8_t u8x16 __attribute__((vector_size(16), aligned(1)));
+typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(1)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13); /* inf, nan */
+    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
+    else if (mant == 0) bits = sign;
+    else { /* subnormal: normalize */
+        int e = -1;
+        uint32_t m = mant;
+        do { e++; m <<= 1; } while ((m & 0x400) == 0);
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* 16 4-bit (or 8-bit) integers q as weights, rounded as gguf computes them: d * q + m (Q4_1), d * (q - 8)
+ * (Q4_0), d * q (signed, Q8_0); into out[0] (the first 8) and out[1]. Intrinsics where the target has them:
+ * GCC turns a generic byte-to-float conversion into one scalar conversion per lane. */
+enum { DEQ_MIN, DEQ_OFFSET8, DEQ_SIGNED };
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
+    const __m128i bytes = (__m128i)q;
+    __m512 v = _mm512_cvtepi32_ps(kind == DEQ_SIGNED ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+    if (kind == DEQ_OFFSET8) {
+        v = _mm512_sub_ps(v, _mm512_set1_ps(8.0f)); /* exact */
+        __asm__("" : "+v"(v));
+        v = _mm512_mul_ps(v, _mm512_set1_ps(d));
+    } else {
+        v = _mm512_mul_ps(v, _mm512_set1_ps(d));
+        if (kind == DEQ_MIN) {
+            __asm__("" : "+v"(v)); /* two roundings, as gguf: never one FMA */
+            v = _mm512_add_ps(v, _mm512_set1_ps(m));
+        }
+    }
+    out[0] = (vec8)_mm512_castps512_ps256(v), out[1] = (vec8)_mm512_extractf32x8_ps(v, 1);
+}
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) vec8 deq8_avx2(__m128i bytes, float d, float m, int kind) {
+    __m256 v = _mm256_cvtepi32_ps(kind == DEQ_SIGNED ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+    if (kind == DEQ_OFFSET8) {
+        v = _mm256_sub_ps(v, _mm256_set1_ps(8.0f));
+        __asm__("" : "+x"(v));
+        return (vec8)_mm256_mul_ps(v, _mm256_set1_ps(d));
+    }
+    v = _mm256_mul_ps(v, _mm256_set1_ps(d));
+    if (kind == DEQ_MIN) {
+        __asm__("" : "+x"(v));
+        v = _mm256_add_ps(v, _mm256_set1_ps(m));
+    }
+    return (vec8)v;
+}
+
+static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
+    out[0] = deq8_avx2((__m128i)q, d, m, kind), out[1] = deq8_avx2(_mm_srli_si128((__m128i)q, 8), d, m, kind);
+}
+#else
+static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
+    for (int i = 0; i < 16; i++) {
+        volatile float v = (kind == DEQ_SIGNED ? (float)(int8_t)q[i] : (float)q[i]); /* volatile: no fusing */
+        if (kind == DEQ_OFFSET8) v = v - 8.0f;
+        v = v * d;
+        if (kind == DEQ_MIN) v = v + m;
+        out[i / 8][i % 8] = v;
+    }
+}
+#endif
+
+/* Block b of a Q4_0 / Q4_1 row: byte j holds weight j (low nibble) and weight j + 16 (high nibble). With
+ * AVX-512 the block's 16 possible values (d * q + m, or d * (q - 8), for q = 0..15) are computed once, as gguf
+ * computes them, and each nibble picks its value from that table (vpermps): fewer float operations than
+ * converting and scaling all 32 (a batch-1 step's projections took 15 % less time). */
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+static inline __attribute__((always_inline)) void deq_q4(const uint8_t *row, int64_t b, int with_min, vec8 out[4]) {
+    const uint8_t *block = row + b * (with_min ? 20 : 18);
+    uint32_t halves; /* d and m (Q4_1), or d and the first two bytes of q (Q4_0, ignored) */
+    memcpy(&halves, block, sizeof halves);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)halves));
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table = with_min ? iota : _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)); /* q - 8: exact */
+    table = _mm512_mul_ps(table, _mm512_broadcastss_ps(dm));
+    if (with_min) {
+        __asm__("" : "+v"(table)); /* two roundings, as gguf: never one FMA */
+        table = _mm512_add_ps(table, _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i *)(block + (with_min ? 4 : 2))), low = _mm_set1_epi8(0x0f);
+    const __m512 lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, low)), table);
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low)), table);
+    out[0] = (vec8)_mm512_castps512_ps256(lo), out[1] = (vec8)_mm512_extractf32x8_ps(lo, 1);
+    out[2] = (vec8)_mm512_castps512_ps256(hi), out[3] = (vec8)_mm512_extractf32x8_ps(hi, 1);
+}
+#else
+static inline __attribute__((always_inline)) void deq_q4(const uint8_t *row, int64_t b, int with_min, vec8 out[4]) {
+    const uint8_t *block = row + b * (with_min ? 20 : 18);
+    const float d = half_to_float(load_u16(block)), m = with_min ? half_to_float(load_u16(block + 2)) : 0.0f;
+    const u8x16 q = *(const u8x16 *)(block + (with_min ? 4 : 2));
+    const int kind = with_min ? DEQ_MIN : DEQ_OFFSET8;
+    deq16(q & 0x0f, d, m, kind, out);
+    deq16(q >> 4, d, m, kind, out + 2);
+}
+#endif
+
+static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, int64_t b, vec8 out[4]) {
+    const uint8_t *block = row + b * 34;
+    const float d = half_to_float(load_u16(block));
+    deq16(*(const u8x16 *)(block + 2), d, 0.0f, DEQ_SIGNED, out);
+    deq16(*(const u8x16 *)(block + 18), d, 0.0f, DEQ_SIGNED, out + 2);
+}
+
+/* 8 float16 or bfloat16 values from p (exact conversions). */
+static inline vec8 deq8_f16(const uint8_t *p) {
+#if defined(__F16C__)
+    return (vec8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    vec8 v;
+    for (int i = 0; i < LANES; i++) v[i] = half_to_float(load_u16(p + 2 * i));
+    return v;
+#endif
+}
+
+static inline vec8 deq8_bf16(const uint8_t *p) {
+    const u32x8 bits = __builtin_convertvector(*(const u16x8 *)p, u32x8) << 16;
+    vec8 v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Chunk c (8 weights: c * 8 .. c * 8 + 7) of a float row: float32, float16 or bfloat16. */
+static inline vec8 deq8_float(const uint8_t *row, int32_t type, int64_t c) {
+    if (type == WEIGHTS_F16) return deq8_f16(row + c * 16);
+    if (type == WEIGHTS_BF16) return deq8_bf16(row + c * 16);
+    vec8 v;
+    memcpy(&v, row + c * 32, sizeof v);
+    return v;
+}
+
+/* Block b (weights b * 32 .. b * 32 + 31) of a row, as 4 vectors of 8. */
+static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, int32_t type, int64_t b, vec8 out[4]) {
+    switch (type) {
+    case WEIGHTS_Q4_0: deq_q4(row, b, 0, out); break;
+    case WEIGHTS_Q4_1: deq_q4(row, b, 1, out); break;
+    case WEIGHTS_Q8_0: deq_q8_0(row, b, out); break;
+    default:
+        for (int u = 0; u < 4; u++) out[u] = deq8_float(row, type, 4 * b + u);
+    }
+}
+
+static inline int is_quantized(int32_t type) {
+    return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q8_0;
+}
+
+/* A row of k values as float32 into out: k % 32 == 0 for the quantized types, k % 8 == 0 for the others. `type`
+ * is a constant where this is inlined (DISPATCH_TYPE), so deq_block's switch is resolved at compile time. */
+static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t *row, int64_t k, float *out,
+                                                                   const int32_t type) {
+    const int64_t blocks = k / QBLOCK;
+    for (int64_t b = 0; b < blocks; b++) {
+        vec8 v[4];
+        deq_block(row, type, b, v);
+        memcpy(out + b * QBLOCK, v, sizeof v);
+    }
+    for (int64_t c = blocks * 4; c < k / LANES; c++) {
+        const vec8 v = deq8_float(row, type, c);
+        memcpy(out + c * LANES, &v, sizeof v);
+    }
+}
+
+/* CALL(T) for the runtime `type` given as the constant T: one copy of an always_inline loop per type, each with
+ * its dequantization resolved at compile time (a switch per block kept the loops from unrolling and their
+ * accumulators out of registers: 6x slower). */
+#define DISPATCH_TYPE(type, CALL)                                                                                   \
+    switch (type) {                                                                                                 \
+    case WEIGHTS_Q4_0: CALL(WEIGHTS_Q4_0); break;                                                                   \
+    case WEIGHTS_Q4_1: CALL(WEIGHTS_Q4_1); break;                                                                   \
+    case WEIGHTS_Q8_0: CALL(WEIGHTS_Q8_0); break;                                                                   \
+    case WEIGHTS_F16: CALL(WEIGHTS_F16); break;                                                                     \
+    case WEIGHTS_BF16: CALL(WEIGHTS_BF16); break;                                                                   \
+    default: CALL(WEIGHTS_F32); break;                                                                              \
+    }
+
+static inline void dequantize_row(const uint8_t *row, int32_t type, int64_t k, float *out) {
+#define DEQUANTIZE_ROW(T) dequantize_row_t(row, k, out, T)
+    DISPATCH_TYPE(type, DEQUANTIZE_ROW)
+#undef DEQUANTIZE_ROW
+}
+
+/* 1 when the kernels read this type with rows of k values: whole blocks, whole vectors of 8. */
+static inline int weights_supported(int32_t type, int64_t k) {
+    switch (type) {
+    case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: return k % QBLOCK == 0;
+    case WEIGHTS_F32: case WEIGHTS_F16: case WEIGHTS_BF16: return k % LANES == 0;
+    default: return 0;
+    }
+}
+
+#endif

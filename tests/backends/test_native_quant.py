@@ -1,0 +1,143 @@
+"""The projections and the dequantization over weights kept as the GGUF file stores them (quant.h,
+quant_matmul.h), against gguf's NumPy dequantization: the same floats as the float32 copy, bit for bit, for
+every type, every path (tiles of 1-2 rows, register blocks of 3+, tail rows) and widths past whole blocks where
+the format allows them."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from backends.model.quant import QuantMatrix
+from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR
+from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
+from backends.numpy_backend.native.weights import readable
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
+FLOATS = (Q.F16, Q.BF16)
+
+
+@pytest.fixture(scope="module")
+def matmul(tmp_path_factory: pytest.TempPathFactory) -> NativeMatmul:
+    return NativeMatmul(cache_dir=tmp_path_factory.mktemp("kernels"))
+
+
+def stored(qtype: Q, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
+    values = np.random.default_rng(seed).normal(0, 0.3, (rows, cols)).astype(np.float32)
+    values[:, :3] += 2.0  # blocks with an offset, so Q4_1's m is far from 0
+    return QuantMatrix.quantize(values, qtype)
+
+
+def activations(rows: int, cols: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32)
+
+
+SHAPES = [(32, 8), (64, 13), (576, 960), (1536, 577), (96, 3)]  # (inner, outputs): tiles, strips and tails
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED + FLOATS, ids=lambda t: t.name)
+@pytest.mark.parametrize(("inner", "outputs"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, MAX_ROWS])
+def test_the_same_floats_as_the_float32_copy(matmul: NativeMatmul, qtype: Q, inner: int, outputs: int,
+                                             rows: int) -> None:
+    w = stored(qtype, outputs, inner, seed=inner + outputs)
+    x = activations(rows, inner, seed=rows)
+    reference = w.dequantize()  # gguf's NumPy dequantization
+    out = matmul.project(x, w)
+    np.testing.assert_array_equal(out, matmul.project(x, reference))
+    np.testing.assert_allclose(out, x.astype(np.float64) @ reference.T.astype(np.float64), rtol=1e-5,
+                               atol=2e-6 * np.sqrt(inner) * np.abs(reference).max())
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("inner", [8, 40, 72, 584])  # not whole blocks of 32: the formats allow it
+@pytest.mark.parametrize("rows", [1, 2, 4])
+def test_float16_types_past_whole_blocks(matmul: NativeMatmul, qtype: Q, inner: int, rows: int) -> None:
+    w, x = stored(qtype, 19, inner, seed=inner), activations(rows, inner)
+    assert readable(w)
+    np.testing.assert_array_equal(matmul.project(x, w), matmul.project(x, w.dequantize()))
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=lambda t: t.name)
+def test_every_16_bit_pattern_converts_exactly(matmul: NativeMatmul, qtype: Q) -> None:
+    """Subnormals, both zeros, the extremes: every finite value of the type, through the dequantization."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    values = bits.view(np.float16).astype(np.float32) if qtype == Q.F16 else (
+        bits.astype(np.uint32) << 16).view(np.float32)
+    finite = bits[np.isfinite(values)]
+    data = finite[: len(finite) // 64 * 64].view(np.uint8).reshape(-1, 128)  # rows of 64 values
+    w = QuantMatrix(qtype, (len(data), 64), np.ascontiguousarray(data))
+    np.testing.assert_array_equal(matmul.dense(w), w.dequantize())
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED + FLOATS, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(matmul: NativeMatmul, qtype: Q) -> None:
+    w = stored(qtype, 77, 576)
+    dense = matmul.dense(w)
+    assert dense.dtype == np.float32 and dense.flags.c_contiguous
+    np.testing.assert_array_equal(dense, w.dequantize())
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_rows_are_independent(matmul: NativeMatmul, qtype: Q) -> None:
+    """A row's result does not depend on what else is in the batch, bit for bit (as with float32 weights)."""
+    w, x = stored(qtype, 577, 64), activations(11, 64)
+    alone = np.concatenate([matmul.project(x[i : i + 1], w) for i in range(11)])
+    for rows in range(2, 12):
+        np.testing.assert_array_equal(matmul.project(x[:rows], w), alone[:rows])
+
+
+def test_larger_steps_use_blas_on_a_transient_float32_copy(matmul: NativeMatmul) -> None:
+    w, x = stored(Q.Q4_1, 40, 64), activations(MAX_ROWS + 1, 64)
+    np.testing.assert_allclose(matmul.project(x, w), x @ w.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_type_without_kernels_is_not_readable() -> None:
+    assert not readable(stored(Q.Q5_0, 8, 64))
+    assert readable(stored(Q.Q8_0, 8, 64)) and not readable(np.zeros((8, 12), np.float32))
+
+
+def test_the_kernel_refuses_what_it_cannot_read(matmul: NativeMatmul) -> None:
+    w = stored(Q.Q4_0, 8, 64)
+    status = matmul._fn(activations(1, 64).ctypes.data, w.data.ctypes.data, w.row_bytes, int(Q.Q5_0),
+                        np.empty(8, np.float32).ctypes.data, 1, 64, 8)
+    assert status == -2
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2 " in f" {open('/proc/cpuinfo').read().replace(chr(10), ' ')} "
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="the CPU cannot run an AVX2 build")
+def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path) -> None:
+    """The dequantization without AVX-512 (converting and scaling each value, where AVX-512 looks values up in
+    a table of the block's 16): built for a Haswell, run here, compared with this machine's build."""
+    library = tmp_path / "matmul_haswell.so"
+    done = subprocess.run(["cc", *(f for f in FLAGS if f != "-march=native"), "-march=haswell", *OPENMP, "-o",
+                           str(library), str(SOURCE_DIR / "matmul_rows.c"), "-lm"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    haswell = NativeMatmul(cache_dir=tmp_path / "unused")
+    haswell._fn = _bind_like(ctypes.CDLL(str(library)).matmul_weights_f32, matmul._fn)
+    haswell._dequantize = _bind_like(ctypes.CDLL(str(library)).dequantize_f32, matmul._dequantize)
+    for qtype in QUANTIZED + FLOATS:
+        w = stored(qtype, 29, 576, seed=int(qtype))
+        np.testing.assert_array_equal(haswell.dense(w), w.dequantize())
+        for rows in (1, 2, 5):
+            x = activations(rows, 576)
+            np.testing.assert_array_equal(haswell.project(x, w), matmul.project(x, w))
+
+
+def _bind_like(fn: Any, like: Any) -> Any:
+    fn.restype, fn.argtypes = like.restype, like.argtypes
+    return fn
