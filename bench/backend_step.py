@@ -1,13 +1,16 @@
-"""NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size.
+"""NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size, for the
+weights dequantized to float32 and kept as the GGUF stores them (exact and fast precision), side by side.
 
-    python -m bench.backend_step [--repeats 9]
+    python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast]
 
-Prints the machine's copy bandwidth, the time to stream the float32 weights once at that bandwidth (the
-floor for a batch-1 decode step), prefill tokens/s at 512 tokens, decode step time and aggregate tokens/s at
-batch 1, 8, 32 and 64 with 256-token contexts, the share of each step spent in attention (and, for steps
-the fused C step ran, the time of its projections, attention and the rest), and the BLAS library and kernel
-that ran. It restarts itself with the NumPy backend's process defaults
-(backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are set. To
+Prints the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
+them once at the read bandwidth (the floor for a batch-1 decode step) and the resident memory the weights take
+(measured in a fresh process); prefill tokens/s at 512 tokens; decode step time and aggregate tokens/s at
+batch 1, 8, 32 and 64 with 256-token contexts, every mode and batch size taking turns round after round, with
+the share of each step spent in attention (and, for steps the fused C step ran, the time of its projections,
+attention and the rest); and the BLAS library and kernels that ran. It restarts itself with the NumPy backend's
+process defaults (backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are
+set. To
 benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
 this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
 """
@@ -18,6 +21,8 @@ import argparse
 import functools
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,9 +34,11 @@ from threadpoolctl import threadpool_info
 import backends.numpy_backend.model as model_module
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
+from backends.model.quant import matrix_bytes
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.fused_step import STAGES
-from backends.numpy_backend.native.matmul import MAX_ROWS
+from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
+from backends.numpy_backend.native.weights import STORED_TYPES
 from backends.numpy_backend.process_env import DEFAULTS, reexec_with_defaults
 
 BLOCK = 16
@@ -104,61 +111,108 @@ def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> Ste
     return StepTiming(step, {"attention": timer.seconds})
 
 
-def decode_table(backend: NumpyBackend, repeats: int, timer: AttentionTimer) -> dict[int, StepTiming]:
-    """Medians per batch size (of the step and of each part). The batch sizes take turns, round after round,
-    so a host that speeds up or slows down during the run moves all of them alike (not one batch size)."""
-    runs: dict[int, list[StepTiming]] = {batch: [] for batch in BATCHES}
-    for _ in range(repeats):
-        for batch in BATCHES:
-            runs[batch].append(decode_step(backend, batch, timer))
-    return {batch: StepTiming(statistics.median(t.seconds for t in r),
-                              {part: statistics.median(t.parts.get(part, 0.0) for t in r) for part in r[0].parts})
-            for batch, r in runs.items()}
-
-
 def blas_description() -> str:
     infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     return "; ".join(f"{i['internal_api']} {i.get('version')} kernel={i.get('architecture')} "
                      f"threads={i['num_threads']}" for i in infos) or "unknown"
 
 
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    backend: NumpyBackend
+    streamed: int  # bytes a decode step reads: the layer matrices and the output head
+
+
+MODES = {"float32": ("float32", "exact"), "gguf": ("gguf", "exact"), "gguf-fast": ("gguf", "fast")}
+
+
+def build_modes(names: list[str]) -> list[Mode]:
+    models = {w: load_model(stored=STORED_TYPES if w == "gguf" else ()) for w in {MODES[n][0] for n in names}}
+    modes = []
+    for name in names:
+        weights, precision = MODES[name]
+        backend = NumpyBackend(models[weights], "auto", precision)
+        backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
+        modes.append(Mode(name, backend, _streamed_bytes(models[weights])))
+    return modes
+
+
+def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes per second read by a sum over a large array (what a decode step's weight stream is)."""
+    a = np.ones(num_bytes // 4, np.float32)
+    return num_bytes / min(_timed(lambda: np.add.reduce(a)) for _ in range(repeats))
+
+
+def weights_rss_mib(weights: str) -> float:
+    """Resident memory the weights add to a fresh process (KV pool excluded): VmRSS after minus before load."""
+    code = ("import gc, re, pathlib; rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', pathlib.Path("
+            "'/proc/self/status').read_text()).group(1)); "
+            "from backends.model.loader import load_model; from backends.numpy_backend.native.weights import "
+            f"STORED_TYPES; before = rss(); m = load_model(stored={'STORED_TYPES' if weights == 'gguf' else '()'}); "
+            "gc.collect(); print((rss() - before) / 1024)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout.strip())
+
+
+def decode_tables(modes: list[Mode], repeats: int, timer: AttentionTimer) -> dict[str, dict[int, StepTiming]]:
+    """Medians per mode and batch size; modes and batch sizes take turns, round after round."""
+    runs: dict[tuple[str, int], list[StepTiming]] = {(m.name, b): [] for m in modes for b in BATCHES}
+    for _ in range(repeats):
+        for mode in modes:
+            for batch in BATCHES:
+                runs[(mode.name, batch)].append(decode_step(mode.backend, batch, timer))
+    return {m.name: {b: _median(runs[(m.name, b)]) for b in BATCHES} for m in modes}
+
+
+def _median(timings: list[StepTiming]) -> StepTiming:
+    return StepTiming(statistics.median(t.seconds for t in timings),
+                      {part: statistics.median(t.parts.get(part, 0.0) for t in timings) for part in timings[0].parts})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--modes", default="float32,gguf,gguf-fast", help="of " + ", ".join(MODES))
     args = parser.parse_args(argv)
     reexec_with_defaults("bench.backend_step")
-    model = load_model()
-    backend = NumpyBackend(model)
-    backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
+    modes = build_modes(args.modes.split(","))
     timer = AttentionTimer()
     model_module.paged_attention = timer
-    bandwidth = copy_bandwidth()
-    streamed = _streamed_bytes(model)
-    floor = streamed / bandwidth
+    copy, read = copy_bandwidth(), read_bandwidth()
     env = {name: os.environ.get(name, "(unset)") for name in ("OPENBLAS_CORETYPE", *DEFAULTS)}
     print(f"BLAS: {blas_description()}; " + " ".join(f"{k}={v}" for k, v in env.items()))
-    fused = backend.forward.fused_step
-    print(f"decode attention: {getattr(backend.forward.decode_attention, '__qualname__', '?')}; projections: "
-          f"{getattr(backend.forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); "
-          f"fused C step: {f'up to {fused.max_rows} rows' if fused else 'off'}")
-    print(f"model load: {model.load_seconds:.2f} s; weights streamed per decode step: {streamed / 1e6:.0f} MB")
-    print(f"copy bandwidth: {bandwidth / 1e9:.2f} GB/s -> weight-streaming time {floor * 1e3:.1f} ms")
-    print(f"prefill at 512 tokens: {prefill_rate(backend):.0f} tokens/s")
-    print(f"{'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x batch1':>9} {'attn %':>7} {'step/floor':>10}   "
-          "fused step, ms: projections attention other (the rest of the step: output head, sampling, Python)")
-    base = None
-    for batch, timing in decode_table(backend, args.repeats, timer).items():
-        rate = batch / timing.seconds
-        base = base or rate
-        parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
-        print(f"{batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {rate / base:>9.2f} "
-              f"{timing.attention_share * 100:>7.1f} {timing.seconds / floor:>10.2f}   {parts}")
+    forward = modes[0].backend.forward
+    print(f"decode attention: {getattr(forward.decode_attention, '__qualname__', '?')}; projections: "
+          f"{getattr(forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); fused C "
+          f"step: {f'up to {forward.fused_step.max_rows} rows' if forward.fused_step else 'off'}; fast precision: "
+          f"{'AMX tiles' if NativeMatmul(fast=True).fast else 'no AMX here: the exact kernels'}")
+    print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
+    rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
+    for mode in modes:
+        print(f"{mode.name:>10}: streamed per decode step {mode.streamed / 1e6:.0f} MB -> floor "
+              f"{mode.streamed / read * 1e3:.1f} ms at the read bandwidth; weights resident "
+              f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at 512 tokens {prefill_rate(mode.backend):.0f} tokens/s")
+    tables = decode_tables(modes, args.repeats, timer)
+    print_tables(modes, tables, read)
+
+
+def print_tables(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], read: float) -> None:
+    first = modes[0].name
+    print(f"{'mode':>10} {'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x ' + first:>12} {'attn %':>7} "
+          f"{'step/floor':>10}   fused step, ms: projections attention other")
+    for mode in modes:
+        for batch, timing in tables[mode.name].items():
+            rate, ratio = batch / timing.seconds, tables[first][batch].seconds / timing.seconds
+            parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
+            print(f"{mode.name:>10} {batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {ratio:>12.2f} "
+                  f"{timing.attention_share * 100:>7.1f} {timing.seconds / (mode.streamed / read):>10.2f}   {parts}")
 
 
 def _streamed_bytes(model: Any) -> int:
     """Bytes a decode step must read: every layer matrix and the output head (not the embedding rows)."""
     w = model.weights
-    return int(sum(a.nbytes for layer in w.layers for a in vars(layer).values()) + w.lm_head.nbytes
+    return int(sum(matrix_bytes(a) for layer in w.layers for a in vars(layer).values()) + matrix_bytes(w.lm_head)
                + w.final_norm.nbytes)
 
 

@@ -26,7 +26,7 @@ class NumpyBackend:
         self.cpu_precision = cpu_precision
         cfg = model.config
         report_dequantized(model.weights.dequantized)
-        kernels = choose_kernels(cpu_kernels, cfg, model.weights)
+        kernels = choose_kernels(cpu_kernels, cfg, model.weights, cpu_precision)
         self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
         self._cache: PagedKVCache | None = None

@@ -30,14 +30,17 @@ class CpuKernels:
     chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
 
 
-def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights) -> CpuKernels:
+def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact") -> CpuKernels:
     """mode "numpy": the references; "native": the C kernels or an error; "auto": each C kernel when it
-    builds and loads, and the attention and fused-step kernels when they support the model's shape."""
+    builds and loads, and the attention and fused-step kernels when they support the model's shape.
+    precision "fast": the C projections of batches in bfloat16 products where the CPU has AMX (fast_matmul.h);
+    the NumPy kernels have no fast precision."""
+    fast = precision == "fast"
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
     decode, chunk = _attention(mode, config)
-    project = _native(mode, "projection", lambda: NativeMatmul().project, numpy_project)
-    return CpuKernels(decode, project, _fused_step(mode, config, weights), chunk)
+    project = _native(mode, "projection", lambda: NativeMatmul(fast=fast).project, numpy_project)
+    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast), chunk)
 
 
 def _attention(mode: str, config: ModelConfig) -> tuple[DecodeAttention, ChunkAttention]:
@@ -50,9 +53,9 @@ def _attention(mode: str, config: ModelConfig) -> tuple[DecodeAttention, ChunkAt
     return (native.decode, native.chunk) if native is not None else (decode_attention, prefill_attention)
 
 
-def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights) -> NativeFusedStep | None:
+def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights, fast: bool) -> NativeFusedStep | None:
     if NativeFusedStep.supports(config, weights):
-        return _native(mode, "fused step", lambda: NativeFusedStep(config, weights), None)
+        return _native(mode, "fused step", lambda: NativeFusedStep(config, weights, fast=fast), None)
     if mode == "native":
         raise BackendError("the fused C step does not support this model's shape")
     return None

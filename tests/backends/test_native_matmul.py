@@ -77,8 +77,8 @@ def test_the_kernel_checks_its_sizes(matmul: NativeMatmul) -> None:
     x, w = problem(2, 12, 8)
     out = np.empty((2, 8), np.float32)
     f32 = 0  # ggml's type id of float32
-    assert matmul._fn(x.ctypes.data, w.ctypes.data, 48, f32, out.ctypes.data, 2, 12, 8) == -2
-    assert matmul._fn(x.ctypes.data, w.ctypes.data, 32, f32, out.ctypes.data, -1, 8, 8) == -2
+    assert matmul._fn(x.ctypes.data, w.ctypes.data, 48, f32, out.ctypes.data, 2, 12, 8, 0) == -2
+    assert matmul._fn(x.ctypes.data, w.ctypes.data, 32, f32, out.ctypes.data, -1, 8, 8, 0) == -2
 
 
 def test_a_second_instance_reuses_the_built_library(matmul: NativeMatmul) -> None:

@@ -18,17 +18,13 @@
 #include <stdlib.h>
 
 #include "attention.h"
-#include "quant_matmul.h"
+#include "fast_matmul.h"
+#include "threads.h"
 
 #ifdef _OPENMP
-#include <omp.h>
-#define THREAD_ID omp_get_thread_num()
-#define MAX_THREADS omp_get_max_threads()
 #define NOW() omp_get_wtime()
 #else
 #include <time.h>
-#define THREAD_ID 0
-#define MAX_THREADS 1
 static double NOW(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -139,28 +135,34 @@ static void silu_mul_rows(const float *gate_up, float *act, int64_t rows, int64_
         }
 }
 
+/* y (+)= x @ w.T in the step's precision (fast_matmul.h's project_step). */
+static void project(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
+                    ProjectionWork *work) {
+    project_step(x, w, y, m, k, n, add, work, THREAD_ID);
+}
+
 /* One decoder layer for every row: x += attention(norm(x)); x += mlp(norm(x)). */
 static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
-                          Scratch *scratch, StageClock *clock) {
+                          Scratch *scratch, StageClock *clock, ProjectionWork *fast) {
     const int64_t rows = s->rows, hidden = m->hidden, q_size = m->heads * m->head_dim;
     const int64_t qkv_width = q_size + 2 * m->kv_heads * m->head_dim;
     rms_norm_rows(a->x, layer->attn_norm, a->normed, rows, hidden, m->eps);
     clock_mark(clock, TIME_OTHER);
-    project_weights(a->normed, &layer->wqkv, a->qkv, rows, hidden, qkv_width, 0);
+    project(a->normed, &layer->wqkv, a->qkv, rows, hidden, qkv_width, 0, fast);
     clock_mark(clock, TIME_PROJECTIONS);
     rope_and_store_rows(m, layer, s, a->qkv);
     clock_mark(clock, TIME_OTHER);
     attend_rows(m, layer, s, a, scratch);
     clock_mark(clock, TIME_ATTENTION);
-    project_weights(a->attn, &layer->wo, a->x, rows, q_size, hidden, 1);
+    project(a->attn, &layer->wo, a->x, rows, q_size, hidden, 1, fast);
     clock_mark(clock, TIME_PROJECTIONS);
     rms_norm_rows(a->x, layer->ffn_norm, a->normed, rows, hidden, m->eps);
     clock_mark(clock, TIME_OTHER);
-    project_weights(a->normed, &layer->w_gate_up, a->gate_up, rows, hidden, 2 * m->ffn, 0);
+    project(a->normed, &layer->w_gate_up, a->gate_up, rows, hidden, 2 * m->ffn, 0, fast);
     clock_mark(clock, TIME_PROJECTIONS);
     silu_mul_rows(a->gate_up, a->act, rows, m->ffn);
     clock_mark(clock, TIME_OTHER);
-    project_weights(a->act, &layer->w_down, a->x, rows, m->ffn, hidden, 1);
+    project(a->act, &layer->w_down, a->x, rows, m->ffn, hidden, 1, fast);
     clock_mark(clock, TIME_PROJECTIONS);
 }
 
@@ -211,11 +213,18 @@ static Scratch *alloc_scratch(const ModelShape *m, int64_t max_ctx, int threads)
     return all;
 }
 
+static int64_t widest_input(const ModelShape *m) {
+    const int64_t q_size = m->heads * m->head_dim, wider = m->hidden > q_size ? m->hidden : q_size;
+    return wider > m->ffn ? wider : m->ffn;
+}
+
 /* x: (rows, hidden), the rows' token embeddings in, their final hidden states (before the final norm) out;
- * the new K and V of every layer are written to their slots. seconds[TIME_PARTS] gets the time spent in the
- * projections, the attention and the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported
- * shape; -3 a context length outside 1..table_stride * block_size; -5 a slot or block outside the cache. */
-int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds) {
+ * the new K and V of every layer are written to their slots. `fast`: the projections in the fast precision
+ * (fast_matmul.h), else exact. seconds[TIME_PARTS] gets the time spent in the projections, the attention and
+ * the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported shape; -3 a context length outside
+ * 1..table_stride * block_size; -5 a slot or block outside the cache. */
+int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds,
+                   int fast) {
     int64_t total;
     for (int part = 0; part < TIME_PARTS; part++) seconds[part] = 0.0;
     if (check_shape(m, layers) != 0) return -2;
@@ -225,14 +234,19 @@ int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows 
     Activations a = {.x = x};
     float *buffers = alloc_activations(&a, m, s->rows);
     const int threads = MAX_THREADS;
-    Scratch *scratch = buffers ? alloc_scratch(m, max_ctx, threads) : NULL;
+    ProjectionWork work;
+    const int have_work = projection_work_alloc(&work, s->rows, widest_input(m), threads, fast);
+    Scratch *scratch = buffers && have_work ? alloc_scratch(m, max_ctx, threads) : NULL;
     StageClock clock = {seconds, NOW()};
     if (scratch != NULL) {
 #pragma omp parallel num_threads(threads)
-        for (int64_t l = 0; l < m->layers; l++) decoder_layer(m, &layers[l], s, &a, &scratch[THREAD_ID], &clock);
+        for (int64_t l = 0; l < m->layers; l++)
+            decoder_layer(m, &layers[l], s, &a, &scratch[THREAD_ID], &clock, &work);
         for (int t = 0; t < threads; t++) scratch_free(&scratch[t]);
     }
+    projection_work_free(&work);
     free(scratch);
     free(buffers);
     return scratch != NULL ? 0 : -1;
 }
+

@@ -47,12 +47,13 @@ class NativeFusedStep:
     """`run(x, cache, ...)`: every layer of a small step on x (tokens, hidden) in place, writing the KV cache."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int = MAX_ROWS,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, fast: bool = False) -> None:
+        """fast: the projections in the fast precision (fast_matmul.h), else exact."""
         self.library_path = build_library(SOURCE_DIR / "fused_step.c", cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).fused_step_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _P, _P, _P, _P]
-        self.config, self.weights, self.max_rows = config, weights, max_rows
+        self._fn.argtypes = [_P, _P, _P, _P, _P, ctypes.c_int]
+        self.config, self.weights, self.max_rows, self.fast = config, weights, max_rows, fast
         self.last_seconds = np.zeros(len(STAGES))  # the last step's time by stage (STAGES), filled by C
         # the cache arrays the pointers were taken from (kept alive), the shape and the pointers
         self._bound: tuple[tuple[np.ndarray, ...], _ModelShape, ctypes.Array[_LayerRefs]] | None = None
@@ -83,7 +84,8 @@ class NativeFusedStep:
                  and keep[3].ndim == 2 and len(keep[3]) == len(x),
                  "one row each of cos and sin (head_dim / 2 wide), slots, tables and lengths")
         rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep))
-        status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data, self.last_seconds.ctypes.data)
+        status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data,
+                          self.last_seconds.ctypes.data, int(self.fast))
         if status != 0:
             raise (MemoryError if status == -1 else ValueError)(f"native fused step: {_ERRORS.get(status, status)}")
 

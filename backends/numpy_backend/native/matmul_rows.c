@@ -6,7 +6,8 @@
  * (test_native_quant.py); results differ from it only by float32 summation order. The tiles are split across
  * OpenMP threads; built without OpenMP, one thread.
  */
-#include "quant_matmul.h"
+#include "fast_matmul.h"
+#include "threads.h"
 
 /* Needs k % 8 == 0 (returns -2 otherwise, and for negative sizes); returns 0. */
 int matmul_rows_f32(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n) {
@@ -16,15 +17,25 @@ int matmul_rows_f32(const float *x, const float *w, float *y, int64_t m, int64_t
     return 0;
 }
 
-/* The same for w (n, k) as stored, `type` one of quant.h's; -2 for sizes or a type the kernels do not take. */
+/* The same for w (n, k) as stored, `type` one of quant.h's; `fast`: the fast precision (fast_matmul.h). -2 for
+ * sizes or a type the kernels do not take, -1 out of memory. */
 int matmul_weights_f32(const float *x, const uint8_t *data, int64_t row_bytes, int32_t type, float *y, int64_t m,
-                       int64_t k, int64_t n) {
+                       int64_t k, int64_t n, int fast) {
     if (k <= 0 || m < 0 || n < 0 || !weights_supported(type, k)) return -2;
     const Weights w = {data, row_bytes, type};
-#pragma omp parallel
-    project_weights(x, &w, y, m, k, n, 0);
-    return 0;
+    const int threads = MAX_THREADS;
+    ProjectionWork work;
+    const int ok = projection_work_alloc(&work, m, k, threads, fast);
+    if (ok) {
+#pragma omp parallel num_threads(threads)
+        project_step(x, &w, y, m, k, n, 0, &work, THREAD_ID);
+    }
+    projection_work_free(&work);
+    return ok ? 0 : -1;
 }
+
+/* 1 when the fast precision runs batches on AMX tiles in this process, 0 when it is the exact one. */
+int fast_uses_tiles(void) { return fast_uses_amx(); }
 
 /* out (n, k) float32 = the stored matrix, rows shared among the threads; -2 as matmul_weights_f32. */
 int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *out, int64_t n, int64_t k) {

@@ -118,29 +118,32 @@ static void project_rest_q(const float *x, const Weights *w, float *y, int64_t m
         }
 }
 
+/* Floats of the buffer project_weights needs from each thread for inputs k wide (a group of strips). */
+static inline int64_t quant_buffer_floats(int64_t k) { return k * STRIP * GROUP; }
+
 /* y (m, n) = x (m, k) @ w.T (y += with `add`), w of any type quant.h reads; weights_supported(type, k) must
  * hold. Shared among the threads of the enclosing OpenMP region, as project_rows. From MIN_BLOCKED_ROWS rows
- * each thread dequantizes its groups of strips into a buffer of its own (without one, it works tile by tile:
- * the same results, more slowly). */
+ * each thread dequantizes its groups of strips into `buf` (quant_buffer_floats(k) floats of its own,
+ * allocated once by the caller: a buffer malloc'ed per call was mmap'ed and unmapped every time, and the
+ * unmapping stalled both threads); with buf NULL it works tile by tile: the same results, more slowly. */
 static inline void project_weights(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
-                                   int add) {
+                                   int add, float *buf) {
     if (w->type == WEIGHTS_F32) {
         project_rows(x, (const float *)w->data, y, m, k, n, add);
         return;
     }
     const int blocked = m >= MIN_BLOCKED_ROWS; /* the same on every thread: the loop's bounds must be */
-    float *buf = blocked ? malloc(sizeof(float) * (size_t)(k * STRIP * GROUP)) : NULL;
     const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
+    if (!blocked) buf = NULL;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t <= parts; t++) {
         if (t == parts)
             project_rest_q(x, w, y, m, k, n, parts * width, add, buf);
         else if (buf != NULL)
             project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, buf);
-        else /* a tile, or a group's tiles when this thread got no buffer */
+        else /* a tile, or a group's tiles when the caller gave no buffer */
             for (int64_t u = t * width / TILE; u < (t + 1) * width / TILE; u++) project_tile_q(x, w, y, m, k, n, u, add);
     }
-    free(buf);
 }
 
 #endif

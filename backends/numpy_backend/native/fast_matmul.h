@@ -1,0 +1,216 @@
+/* The "fast" precision's projections: for steps of FAST_MIN_ROWS rows or more, y = x @ w.T with x and every
+ * weight rounded to bfloat16 (round to nearest even), their products exact in float32 and summed in float32, on
+ * the CPU's AMX tile unit: TDPBF16PS multiplies a 16 x 32 tile of weights by a 32 x 16 tile of x in one
+ * instruction, 8192 multiply-adds, where the float32 kernels do 8 per FMA. Each group of 16 weight rows is
+ * dequantized (quant.h) and converted once per call, then used for every row of x: a batch pays the
+ * dequantization once per weight, as the exact kernels' strips do, and little more.
+ *
+ * Smaller steps, and every step where the CPU has no AMX or the kernel does not let the process use it (Linux
+ * arch_prctl), run the exact kernels (quant_matmul.h): rounding costs a step of one or two rows more than the
+ * tiles save. So in this precision a row's result can depend on the size of its batch. The reference is the
+ * float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark
+ * (bench/precision.py) measures what the rounding costs against the exact precision.
+ */
+#ifndef PAGEDSERVE_FAST_MATMUL_H
+#define PAGEDSERVE_FAST_MATMUL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant_matmul.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define FAST_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define FAST_AMX 0
+#endif
+
+#define FAST_TILE 16   /* rows of x, and weight rows, per tile */
+#define FAST_K 32      /* weights (bfloat16 pairs x 16) per tile row of 64 bytes */
+#define FAST_MIN_ROWS 4 /* fewer rows of x: the exact kernels (cheaper than converting the weights) */
+
+/* float32 -> bfloat16, round to nearest even (x never NaN here: activations and weights are finite). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+
+
+#if FAST_AMX
+#include <immintrin.h>
+
+enum { AMX_UNKNOWN, AMX_ON, AMX_OFF };
+static int amx_state = AMX_UNKNOWN; /* the process's permission: asked once (fast_matmul_init) */
+
+/* Asks Linux for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); 1 when AMX may be used. */
+static int amx_request(void) {
+    if (amx_state == AMX_UNKNOWN) amx_state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? AMX_ON : AMX_OFF;
+    return amx_state == AMX_ON;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* Tiles 0-1: C (16 x 16 float32) for two tiles of x rows; 2: A (16 weight rows x 32 bfloat16, as the rows are
+ * stored); 3-4: B (x's rows as TDPBF16PS reads its second operand: the pair of values 2p, 2p + 1 of each of 16
+ * rows side by side in its row p). The weights are the first operand so that they need no rearranging: each
+ * is converted where it is dequantized, and only x (a few rows, once per call) is rearranged. */
+static void amx_configure(void) {
+    TileConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 5; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+    _tile_loadconfig(&config);
+}
+
+/* x as B tiles: tile (mt, kt), 16 rows of 32 bfloat16 at xv + (mt * tiles_k + kt) * 512, row p holding
+ * x[mt * 16 + j][kt * 32 + 2p + e] at 2j + e: each row's 32 values converted at once, their 16 pairs scattered
+ * down column j. Rows past m and columns past k are zeros. */
+static void x_to_tiles(const float *x, int64_t m, int64_t k, int64_t kp, uint16_t *xv, int64_t m_padded) {
+    const int64_t tiles_k = kp / FAST_K;
+    const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(FAST_TILE)); /* a column's 16 pairs, in u32 */
+#pragma omp for schedule(static)
+    for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt++) {
+        memset(xv + mt * tiles_k * FAST_K * FAST_TILE, 0, sizeof(uint16_t) * (size_t)(tiles_k * FAST_K * FAST_TILE));
+        for (int64_t j = 0; j < FAST_TILE && mt * FAST_TILE + j < m; j++)
+            for (int64_t kt = 0; kt < tiles_k; kt++) {
+                const float *from = x + (mt * FAST_TILE + j) * k + kt * FAST_K;
+                const int64_t left = k - kt * FAST_K; /* k % 8 == 0: a partial slice ends in whole vectors */
+                const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+                const __mmask16 hi = (__mmask16)(left >= 32 ? 0xffff : left > 16 ? (1u << (left - 16)) - 1 : 0);
+                const __m512i pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, from + 16),
+                                                                   _mm512_maskz_loadu_ps(lo, from));
+                _mm512_i32scatter_epi32((int *)(xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE) + j, down, pairs, 4);
+            }
+    }
+}
+
+/* 16 weight rows (first.., zeros past n) as bfloat16 A rows of kp values: each block dequantized (quant.h) and
+ * converted 32 values at a time. */
+static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t k, int64_t kp, float *row,
+                             uint16_t *a) {
+    for (int64_t j = 0; j < FAST_TILE; j++) {
+        uint16_t *to = a + j * kp;
+        if (first + j >= n) {
+            memset(to, 0, sizeof(uint16_t) * (size_t)kp);
+            continue;
+        }
+        memset(row + k, 0, sizeof(float) * (size_t)(kp - k));
+        dequantize_row(weights_row(w, first + j), w->type, k, row);
+        for (int64_t c = 0; c < kp; c += 32)
+            _mm512_storeu_si512(to + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
+                                                                      _mm512_loadu_ps(row + c)));
+    }
+}
+
+/* C (weight rows x rows of x) for two tiles of x rows (mt, mt + 1), summed over K, into c (2 x 16 x 16). */
+static void amx_tiles(const uint16_t *a, int64_t kp, const uint16_t *xv, int64_t mt, int pair, float *c) {
+    const int64_t tiles_k = kp / FAST_K;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t kt = 0; kt < tiles_k; kt++) {
+        _tile_loadd(2, a + kt * FAST_K, kp * 2);
+        _tile_loadd(3, xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+        _tile_dpbf16ps(0, 2, 3);
+        if (pair) {
+            _tile_loadd(4, xv + ((mt + 1) * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+            _tile_dpbf16ps(1, 2, 4);
+        }
+    }
+    _tile_stored(0, c, 64);
+    if (pair) _tile_stored(1, c + FAST_TILE * FAST_TILE, 64);
+}
+
+/* y[i, first + j] (+)= c[j][i]: the valid rows of x and weight rows only. */
+static void store_tiles(const float *c, float *y, int64_t m, int64_t n, int64_t mt, int pair, int64_t first,
+                        int add) {
+    for (int tile = 0; tile <= pair; tile++)
+        for (int64_t i = (mt + tile) * FAST_TILE; i < m && i < (mt + tile + 1) * FAST_TILE; i++)
+            for (int64_t j = 0; j < FAST_TILE && first + j < n; j++) {
+                const float v = c[tile * FAST_TILE * FAST_TILE + j * FAST_TILE + (i - (mt + tile) * FAST_TILE)];
+                y[i * n + first + j] = add ? y[i * n + first + j] + v : v;
+            }
+}
+
+/* The tile path's share of one projection for this thread; inside the OpenMP region, as project_weights.
+ * xv: x as B tiles (m_padded / 16 x kp / 32 tiles), written here; row, a, c: this thread's buffers. */
+static void project_amx(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
+                        uint16_t *xv, int64_t m_padded, int64_t kp, float *row, uint16_t *a, float *c) {
+    x_to_tiles(x, m, k, kp, xv, m_padded); /* its omp for ends in a barrier: xv is complete */
+    amx_configure();
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < (n + FAST_TILE - 1) / FAST_TILE; t++) {
+        weights_to_tiles(w, t * FAST_TILE, n, k, kp, row, a);
+        for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
+            const int pair = mt + 1 < m_padded / FAST_TILE;
+            amx_tiles(a, kp, xv, mt, pair, c);
+            store_tiles(c, y, m, n, mt, pair, t * FAST_TILE, add);
+        }
+    }
+    _tile_release();
+}
+#endif /* FAST_AMX */
+
+/* 1 when the fast projections run on AMX in this process, 0 when on the plain path. */
+static inline int fast_uses_amx(void) {
+#if FAST_AMX
+    return amx_request();
+#else
+    return 0;
+#endif
+}
+
+
+/* What the projections of one call (a step, or one standalone projection) need besides their inputs: each
+ * thread's buffer (project_weights' strips, or the tiles' converted weights), and, when this call's fast
+ * projections run on tiles, x as tiles. Sized for m rows of x and input widths up to kmax. */
+typedef struct {
+    float *per_thread; /* `stride` floats per thread */
+    uint16_t *xv;      /* tiles only: x as B tiles (m_padded / 16 x kp / 32 tiles of 512 values) */
+    int64_t m_padded, kp, stride;
+    int tiles; /* the fast precision on AMX tiles for this call */
+} ProjectionWork;
+
+/* 0 when out of memory (projection_work_free is still safe). */
+static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int threads, int fast) {
+    memset(f, 0, sizeof *f);
+    f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
+    f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
+    f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
+    const int64_t tiles = f->tiles ? f->kp + FAST_TILE * f->kp / 2 + 2 * FAST_TILE * FAST_TILE : 0;
+    const int64_t strips = quant_buffer_floats(kmax);
+    f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
+    f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
+    if (f->tiles) f->xv = aligned_alloc(64, sizeof(uint16_t) * (size_t)(f->m_padded * f->kp));
+    return f->per_thread != NULL && (!f->tiles || f->xv != NULL);
+}
+
+static void projection_work_free(ProjectionWork *f) {
+    free(f->per_thread), free(f->xv);
+}
+
+/* y (m, n) (+)= x (m, k) @ w.T, fast (on tiles) when the work was sized for it, else exact: inside the OpenMP
+ * region, every thread with its id. */
+static void project_step(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
+                         ProjectionWork *f, int thread) {
+    float *mine = f->per_thread + (int64_t)thread * f->stride;
+#if FAST_AMX
+    if (f->tiles) {
+        project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, f->kp, mine, (uint16_t *)(mine + f->kp),
+                    mine + f->kp + FAST_TILE * f->kp / 2);
+        return;
+    }
+#endif
+    project_weights(x, w, y, m, k, n, add, mine);
+}
+
+#endif

@@ -1,0 +1,116 @@
+"""What the fast CPU precision costs in accuracy, against the exact one, on the default model with its weights
+as stored:
+
+    python -m bench.precision [--prompts 20] [--tokens 128]
+
+- greedy agreement: `--prompts` chat prompts decoded together (one batch, so every step has enough rows for
+  the fast precision's tiles) for `--tokens` tokens in each precision; how many tokens agree before the first
+  difference, per prompt, and over all;
+- perplexity of bench/data/perplexity.txt (plain prose written for this purpose, about 1,060 tokens) in chunks
+  of 64 tokens, each chunk's logits for every position from one step.
+
+The fast precision ships only if its perplexity is within 1 % of the exact one's. Prints the machine's fast
+path (AMX tiles, or none: then fast is exact and the numbers agree exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.manual_batch import SeqState, make_batch
+from backends.model.loader import LoadedModel, load_model
+from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.matmul import NativeMatmul
+from backends.numpy_backend.native.weights import STORED_TYPES
+from kvpool import KVCacheManager
+from scheduler.config import SchedulerConfig
+from scheduler.llm import LLM
+from scheduler.params import SamplingParams
+
+TEXT = Path(__file__).parent / "data" / "perplexity.txt"
+CHUNK, BLOCK = 64, 16
+TOPICS = ("the water cycle", "how a bicycle stays upright", "the history of paper", "why the sky is blue",
+          "how vaccines work", "the rules of chess", "photosynthesis", "how a compiler works", "volcanoes",
+          "the French revolution", "how bread rises", "black holes", "the immune system", "how to plant a tree",
+          "the printing press", "ocean tides", "how a refrigerator works", "the Roman empire", "honeybees",
+          "how the internet routes packets", "glaciers", "the human heart", "electric motors", "coral reefs")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    matched: list[int]  # per prompt: tokens equal before the first difference
+    length: int
+
+    def lines(self) -> list[str]:
+        full = sum(m == self.length for m in self.matched)
+        total = sum(self.matched) / (self.length * len(self.matched))
+        return [f"greedy agreement: {full}/{len(self.matched)} prompts identical for all {self.length} tokens; "
+                f"tokens before the first difference: min {min(self.matched)}, median "
+                f"{int(np.median(self.matched))}; {total:.1%} of all tokens precede any difference"]
+
+
+def prompts(model: LoadedModel, count: int) -> list[list[int]]:
+    template, tokenizer = model.files.chat_template, model.files.tokenizer
+    return [tokenizer.encode(template.render([{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]}."}]))
+            for i in range(count)]
+
+
+def greedy(backend: NumpyBackend, model: LoadedModel, prompt_ids: list[list[int]], tokens: int) -> list[list[int]]:
+    longest = max(len(p) for p in prompt_ids) + tokens + 1
+    kv = KVCacheManager(len(prompt_ids) * -(-longest // BLOCK), BLOCK, max_model_len=longest)
+    backend.init_cache(kv.num_blocks, BLOCK)
+    config = SchedulerConfig(max_num_seqs=len(prompt_ids), max_num_batched_tokens=4096)
+    llm = LLM(config, kv, backend, model.files.tokenizer, max_model_len=longest)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    return [out.choices[0].token_ids for out in llm.generate(prompt_ids, params)]
+
+
+def agreement(a: list[list[int]], b: list[list[int]], tokens: int) -> Agreement:
+    def prefix(x: list[int], y: list[int]) -> int:
+        return next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), len(x))
+
+    return Agreement([prefix(x, y) for x, y in zip(a, b, strict=True)], tokens)
+
+
+def perplexity(backend: NumpyBackend, ids: list[int]) -> float:
+    """exp(mean negative log-likelihood) of each token given those before it, a chunk of CHUNK per step."""
+    backend.init_cache(-(-len(ids) // BLOCK), BLOCK)
+    seq, nll = SeqState(blocks=list(range(-(-len(ids) // BLOCK)))), 0.0
+    for start in range(0, len(ids) - 1, CHUNK):
+        chunk = ids[start : start + CHUNK]
+        hidden = backend.forward.hidden_states(make_batch([seq], [chunk], BLOCK), backend.cache)  # adds the chunk
+        logits = backend.forward.logits(hidden).astype(np.float64)
+        targets = np.array(ids[start + 1 : start + 1 + len(chunk)])
+        log_z = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        nll += float((log_z[: len(targets)] - logits[np.arange(len(targets)), targets]).sum())
+    return math.exp(nll / (len(ids) - 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    model = load_model(stored=STORED_TYPES)
+    exact, fast = (NumpyBackend(model, "auto", precision) for precision in ("exact", "fast"))
+    path = "AMX tiles" if NativeMatmul(fast=True).fast else "none on this machine (fast runs the exact kernels)"
+    print(f"fast precision: bfloat16 products on {path}")
+    ids = prompts(model, args.prompts)
+    agree = agreement(greedy(exact, model, ids, args.tokens), greedy(fast, model, ids, args.tokens), args.tokens)
+    text = model.files.tokenizer.encode(TEXT.read_text())
+    ppl_exact, ppl_fast = perplexity(exact, text), perplexity(fast, text)
+    change = ppl_fast / ppl_exact - 1
+    verdict = "met" if abs(change) < 0.01 else "NOT met"
+    print("\n".join([*agree.lines(), f"perplexity of {TEXT.name} ({len(text)} tokens): exact {ppl_exact:.4f}, "
+                     f"fast {ppl_fast:.4f} ({change:+.3%}); target (within 1 %): {verdict}"]))
+    return 0 if abs(change) < 0.01 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
