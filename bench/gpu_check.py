@@ -10,6 +10,10 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
                     shape): achieved memory bandwidth against the peak, plain and partitioned
   e2e_decode        end-to-end decode tokens/s at batch 1, 64 and 256 through CupyBackend.execute, on random
                     weights in SmolLM2's shape (step time does not depend on the weight values)
+  quant_gemv        the dequantizing GEMV alone on Q4_1 and Q8_0 matrices at 1 and 8 rows: bytes of the stored
+                    matrix per second against the peak; and the dense copy larger batches take instead
+  e2e_decode_quant  e2e_decode on the same weights stored as the default model's file stores them (Q4_1
+                    matrices, a Q8_0 embedding and head), batch 1, 8 (the GEMV), 64 and 256 (dense copies)
 Prints a summary and writes every number to --out as JSON. Exit status 0 only when every section passed (or was
 skipped on request).
 """
@@ -25,7 +29,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +61,13 @@ class Plan:
     decode_steps: int = 10
     warmup_steps: int = 3
     num_layers: int = 30
+    vocab_size: int = 49152  # SmolLM2's
     block_size: int = 16
     tests_timeout_s: float = 150.0
+    quant_batches: tuple[int, ...] = (1, 8, 64, 256)
+    gemv_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 16384, 8192), ("q8_0", 49152, 576))  # type, n, k
+    gemv_rows: tuple[int, ...] = (1, 8)
+    gemv_repeats: int = 20
 
 
 @dataclass
@@ -239,10 +248,7 @@ def decode_bandwidth(ctx: Context) -> dict[str, Any]:
         def attend(k: Kernels = kernels) -> None:
             k.attention(step, qkv, shape, k_cache, v_cache)
 
-        seconds = _timer(ctx)(attend, plan.bandwidth_repeats)
-        gbs = moved / seconds / 1e9
-        info[label] = {"microseconds": round(seconds * 1e6, 1), "gbs": round(gbs, 1),
-                       "fraction_of_peak": None if not peak else round(gbs / peak, 3)}
+        info[label] = _rate(moved, _timer(ctx)(attend, plan.bandwidth_repeats), peak)
     best = max(("plain", "partitioned"), key=lambda k: info[k]["gbs"])
     frac = info[best]["fraction_of_peak"]
     verdict = "" if frac is None else (" (meets" if frac >= BANDWIDTH_TARGET else " (below") + " the 70% target)"
@@ -277,22 +283,88 @@ def _decode_problem(xp: Any, plan: Plan, config: Any) -> tuple[Any, ...]:
 
 def e2e_decode(ctx: Context) -> dict[str, Any]:
     """CupyBackend.execute on decode-only batches (upload, forward, device sampling, ids back to the host)."""
+    return _e2e(ctx, stored=False, batches=ctx.plan.decode_batches)
+
+
+def e2e_decode_quant(ctx: Context) -> dict[str, Any]:
+    """e2e_decode with the weights stored like the default model's: up to 8 rows go through the dequantizing
+    GEMV, larger batches through a dense copy of each matrix and the GEMM."""
+    return _e2e(ctx, stored=True, batches=ctx.plan.quant_batches)
+
+
+def _e2e(ctx: Context, stored: bool, batches: Sequence[int]) -> dict[str, Any]:
     from backends.cupy_backend.backend import CupyBackend  # noqa: PLC0415
-    from backends.cupy_backend.synthetic import random_weights, smollm2_shape  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import random_weights, smollm2_shape, stored_like_default  # noqa: PLC0415
 
     plan, device = ctx.plan, _need_device(ctx)
-    config = smollm2_shape(plan.num_layers)
+    config = replace(smollm2_shape(plan.num_layers), vocab_size=plan.vocab_size)
+    weights = stored_like_default(random_weights(config)) if stored else random_weights(config)
     per_seq = -(-(plan.decode_context + 1) // plan.block_size)
-    backend = CupyBackend(config, random_weights(config), device, dtype=plan.dtype)
-    backend.init_cache(max(plan.decode_batches) * per_seq, plan.block_size)
+    backend = CupyBackend(config, weights, device, dtype=plan.dtype)
+    backend.init_cache(max(batches) * per_seq, plan.block_size)
     info: dict[str, Any] = {"dtype": plan.dtype, "context": plan.decode_context, "layers": plan.num_layers,
-                            "gemm": backend.gemm.name, "batches": {}}
-    for batch in plan.decode_batches:
+                            "gemm": backend.gemm.name, "weight_bytes": backend.weights.num_bytes, "batches": {}}
+    for batch in batches:
         seconds = _decode_step_seconds(backend, batch, per_seq, plan)
         info["batches"][str(batch)] = {"step_ms": round(seconds * 1e3, 3), "tokens_per_s": round(batch / seconds)}
     rates = ", ".join(f"b{b}: {v['tokens_per_s']} tok/s" for b, v in info["batches"].items())
-    info["summary"] = f"{plan.dtype}, context {plan.decode_context}: {rates}"
+    weights_label = "Q4_1/Q8_0 as stored" if stored else plan.dtype
+    info["summary"] = f"{plan.dtype}, weights {weights_label}, context {plan.decode_context}: {rates}"
     return info
+
+
+def quant_gemv(ctx: Context) -> dict[str, Any]:
+    """The dequantizing GEMV alone on random blocks (the time does not depend on their values): stored bytes
+    per second against the peak at each row count, and the dense copy (blocks read, storage dtype written)."""
+    import numpy as np  # noqa: PLC0415
+
+    from backends.cupy_backend.quant_ops import QuantKernels  # noqa: PLC0415
+    from backends.cupy_backend.quant_weights import DeviceQuant  # noqa: PLC0415
+    from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import random_blocks  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    kernels = QuantKernels(device.xp, device.launcher, storage_for(plan.dtype))
+    info: dict[str, Any] = {"dtype": plan.dtype, "matrices": {}}
+    for qtype, n, k in plan.gemv_shapes:
+        host = random_blocks(np.random.default_rng(0), qtype, n, k)
+        w = DeviceQuant(qtype, device.xp.asarray(host.data), host.shape)
+        info["matrices"][f"{qtype} {n}x{k}"] = _gemv_rates(ctx, kernels, w)
+    info["summary"] = "; ".join(f"{name}: {_gemv_summary(m)}" for name, m in info["matrices"].items())
+    return info
+
+
+def _gemv_rates(ctx: Context, kernels: Any, w: Any) -> dict[str, Any]:
+    import numpy as np  # noqa: PLC0415
+
+    plan, peak, xp = ctx.plan, ctx.env.get("peak_bandwidth_gbs"), kernels.xp
+    out: dict[str, Any] = {"stored_bytes": w.nbytes}
+    for rows in plan.gemv_rows:
+        x = xp.asarray(kernels.storage.encode(np, np.ones((rows, w.shape[1]), np.float32)))
+
+        def gemv(x: Any = x) -> None:
+            kernels.gemv(x, w)
+
+        out[f"rows_{rows}"] = _rate(w.nbytes, _timer(ctx)(gemv, plan.gemv_repeats), peak)
+    seconds = _timer(ctx)(lambda: kernels.dense(w), plan.gemv_repeats)
+    out["dense_copy"] = _rate(w.nbytes + w.shape[0] * w.shape[1] * kernels.storage.itemsize, seconds, peak)
+    return out
+
+
+def _gemv_summary(rates: dict[str, Any]) -> str:
+    """'1 row 2400.5 GB/s (0.5 of peak), 8 rows ...'."""
+    parts = []
+    for key, r in rates.items():
+        if key.startswith("rows_"):
+            rows = int(key.removeprefix("rows_"))
+            parts.append(f"{rows} row{'s' if rows > 1 else ''} {r['gbs']} GB/s ({r['fraction_of_peak']} of peak)")
+    return ", ".join(parts)
+
+
+def _rate(num_bytes: int, seconds: float, peak: float | None) -> dict[str, Any]:
+    gbs = num_bytes / seconds / 1e9
+    return {"microseconds": round(seconds * 1e6, 1), "gbs": round(gbs, 1),
+            "fraction_of_peak": None if not peak else round(gbs / peak, 3)}
 
 
 def _decode_step_seconds(backend: Any, batch: int, per_seq: int, plan: Plan) -> float:
@@ -353,6 +425,8 @@ SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds 
     ("gpu_tests", gpu_tests, 60.0),
     ("decode_bandwidth", decode_bandwidth, 15.0),
     ("e2e_decode", e2e_decode, 30.0),
+    ("quant_gemv", quant_gemv, 15.0),
+    ("e2e_decode_quant", e2e_decode_quant, 30.0),
 )
 
 

@@ -6,6 +6,7 @@ Importing this package never imports CuPy, so a CPU install can import it (and t
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,13 +16,26 @@ if TYPE_CHECKING:
 
 __all__ = ["create"]
 
+log = logging.getLogger(__name__)
+
 
 def create(config: BackendConfig, files: ModelFiles) -> CupyBackend:
-    """The registry's factory: compiles the kernels, loads the model and uploads it in config.dtype."""
+    """The registry's factory: compiles the kernels, loads the model and uploads it. With `weights = gguf`, Q4_0 /
+    Q4_1 / Q8_0 matrices stay as the file stores them (quant_weights.py); activations and the KV cache are
+    config.dtype either way."""
     from backends.cupy_backend.backend import CupyBackend  # noqa: PLC0415 - keep the package import light
     from backends.cupy_backend.device import cupy_device  # noqa: PLC0415
+    from backends.cupy_backend.quant_weights import stored_types  # noqa: PLC0415
     from backends.model.loader import load_model  # noqa: PLC0415
 
     device = cupy_device()  # first: without CuPy or a GPU, fail before spending time on the weights
-    model = load_model(files.path)
+    model = load_model(files.path, stored_types() if config.weights == "gguf" else ())
+    _report_dense_copies(model.weights.dequantized, config.dtype)
     return CupyBackend(model.config, model.weights, device, dtype=config.dtype)
+
+
+def _report_dense_copies(names: tuple[str, ...], dtype: str) -> None:
+    """Says once, at start-up, which matrices had a type no kernel reads as stored."""
+    if names:
+        log.warning("%d weight matrices are dense %s copies, no kernel reading their stored type: %s", len(names),
+                    dtype, ", ".join(names[:6]) + (", ..." if len(names) > 6 else ""))

@@ -19,6 +19,8 @@ from backends.cupy_backend.device_model import DeviceKVCache, upload_weights
 from backends.cupy_backend.forward import Forward
 from backends.cupy_backend.gemm import Gemm, choose_gemm
 from backends.cupy_backend.ops import Kernels
+from backends.cupy_backend.projections import Projections
+from backends.cupy_backend.quant_ops import QuantKernels
 from backends.cupy_backend.step_inputs import upload_sampling, upload_step
 from backends.cupy_backend.storage import storage_for
 from backends.sampling import SampleResult, sample
@@ -39,7 +41,8 @@ class CupyBackend:
         self.gemm = gemm if gemm is not None else choose_gemm(device.xp, self.storage)
         self.weights = upload_weights(device.xp, self.storage, config, weights)
         kernels = Kernels(device.xp, device.launcher, self.storage, partition_size)
-        self.forward = Forward(config, self.weights, kernels, self.gemm)
+        proj = Projections(self.gemm, QuantKernels(device.xp, device.launcher, self.storage))
+        self.forward = Forward(config, self.weights, kernels, proj)
         self._cache: DeviceKVCache | None = None
 
     @property

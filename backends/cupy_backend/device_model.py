@@ -1,5 +1,5 @@
-"""The model's state on the device: weights uploaded once in the storage dtype, the rotary cos/sin table, and
-the paged KV cache.
+"""The model's state on the device: weights uploaded once (dense in the storage dtype, or as the file stores
+them: quant_weights.py), the rotary cos/sin table, and the paged KV cache.
 
 The KV cache is one array (layers, 2, num_blocks, block_size, kv_heads, head_dim): layer l's K and V are the
 contiguous views [l, 0] and [l, 1], each shaped like the NumPy backend's per-layer cache, and a copy-on-write
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backends.cupy_backend import reference
+from backends.cupy_backend.quant_weights import upload_matrix
 from backends.cupy_backend.storage import Storage
 
 if TYPE_CHECKING:  # the loader imports gguf; the backend only needs the arrays
@@ -25,6 +26,8 @@ if TYPE_CHECKING:  # the loader imports gguf; the backend only needs the arrays
 
 @dataclass(frozen=True)
 class DeviceLayer:
+    """Matrices are dense device arrays in the storage dtype or DeviceQuant (quant_weights.py)."""
+
     attn_norm: Any  # (H,)
     wqkv: Any  # (q_size + 2 kv_size, H)
     wo: Any  # (H, q_size)
@@ -49,12 +52,11 @@ class DeviceWeights:
 
 
 def upload_weights(xp: Any, storage: Storage, config: ModelConfig, weights: ModelWeights) -> DeviceWeights:
-    """Host weights -> device arrays in `storage`, each sent once (a tied head shares the embedding); a matrix
-    kept as the file stores it is dequantized on the host first."""
-    from backends.model.quant import dense  # noqa: PLC0415 - imports gguf, as the loader that made the weights
+    """Host weights -> device, each sent once (a tied head shares the embedding): a matrix kept as stored in a
+    type the kernels read goes as its bytes, everything else dense in `storage`."""
 
     def put(a: Matrix) -> Any:
-        return xp.asarray(storage.encode(np, np.ascontiguousarray(dense(a), dtype=np.float32)))
+        return upload_matrix(xp, storage, a)
 
     embedding = put(weights.embedding)
     lm_head = embedding if weights.lm_head is weights.embedding else put(weights.lm_head)

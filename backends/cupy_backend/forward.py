@@ -1,4 +1,5 @@
-"""The Llama forward over the paged KV cache with our kernels and the array module's GEMMs.
+"""The Llama forward over the paged KV cache with our kernels and the weight products of projections.py (GEMMs,
+or the dequantizing GEMV for matrices kept as the file stores them).
 
 The residual stream follows the fused-add pattern: `residual` holds the running sum in the storage dtype and
 each fused_add_rms_norm adds the previous block's output into it and normalises the result, so every
@@ -11,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from backends.cupy_backend.device_model import DeviceKVCache, DeviceLayer, DeviceWeights
-from backends.cupy_backend.gemm import Gemm
 from backends.cupy_backend.ops import Kernels
+from backends.cupy_backend.projections import Projections
 from backends.cupy_backend.step_inputs import DeviceStep
 
 if TYPE_CHECKING:
@@ -20,15 +21,15 @@ if TYPE_CHECKING:
 
 
 class Forward:
-    def __init__(self, config: ModelConfig, weights: DeviceWeights, kernels: Kernels, gemm: Gemm) -> None:
+    def __init__(self, config: ModelConfig, weights: DeviceWeights, kernels: Kernels, proj: Projections) -> None:
         self.eps = config.rms_eps
         self.shape = config
-        self.weights, self.k, self.gemm = weights, kernels, gemm
+        self.weights, self.k, self.proj = weights, kernels, proj
 
     def hidden_states(self, step: DeviceStep, cache: DeviceKVCache) -> tuple[Any, Any]:
         """Runs every token through all layers, writing their K/V. Returns (x, residual): the final hidden
         state is x + residual, left unsummed so the final norm fuses the add for the rows it needs."""
-        x = self.weights.embedding[step.token_ids]
+        x = self.proj.embed(self.weights.embedding, step.token_ids)
         residual = x
         h = self.k.rms_norm(x, self.weights.layers[0].attn_norm, self.eps)
         for index, layer in enumerate(self.weights.layers):
@@ -43,16 +44,16 @@ class Forward:
         """(S, vocab) float32 logits of the sampled rows only."""
         rows = step.sample_rows
         h = self.k.fused_add_rms_norm(x[rows], residual[rows], self.weights.final_norm, self.eps)
-        return self.gemm.logits(h, self.weights.lm_head)
+        return self.proj.logits(h, self.weights.lm_head)
 
     def _attention(self, index: int, layer: DeviceLayer, h: Any, step: DeviceStep, cache: DeviceKVCache) -> Any:
-        qkv = self.gemm.linear(h, layer.wqkv)
+        qkv = self.proj.linear(h, layer.wqkv)
         self.k.rope(step, qkv, self.shape, self.weights.cos_sin_cache)
         k_cache, v_cache = cache.keys(index), cache.values(index)
         # Every K/V of the step is in the cache before any query reads it: a chunk attends to its own keys.
         self.k.reshape_and_cache(step, qkv, self.shape, k_cache, v_cache)
         out = self.k.attention(step, qkv, self.shape, k_cache, v_cache)
-        return self.gemm.linear(out.reshape(step.num_tokens, self.shape.q_size), layer.wo)
+        return self.proj.linear(out.reshape(step.num_tokens, self.shape.q_size), layer.wo)
 
     def _mlp(self, layer: DeviceLayer, h: Any) -> Any:
-        return self.gemm.linear(self.k.silu_mul(self.gemm.linear(h, layer.w_gate_up)), layer.w_down)
+        return self.proj.linear(self.k.silu_mul(self.proj.linear(h, layer.w_gate_up)), layer.w_down)

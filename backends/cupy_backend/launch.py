@@ -5,8 +5,8 @@ kernel is written for is stated once. Each returns a `Launch`: the extern "C" sy
 shared memory bytes, and the argument types in order ('p' device pointer, 'i' int32, 'f' float32), which the
 emulation checks against the kernel's real parameters. Argument order is documented on each function.
 
-Layout preconditions (the kernels move 16-byte vectors): head_dim in HEAD_DIMS, and every row stride of a
-q/k/v view a multiple of 16 bytes.
+Layout preconditions (the kernels move 16-byte vectors): head_dim in HEAD_DIMS, every row stride of a
+q/k/v view a multiple of 16 bytes, and the quantized GEMV's x contiguous (its width is a multiple of 32).
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ DEFAULT_PARTITION_SIZE = 512
 PREFILL_Q_TILE = 16  # kQTile in paged_prefill_attention.cu
 PREFILL_K_TILE = 32  # kKTile
 ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
+# Weight blocks read as stored (kernels/quant_blocks.cuh): 32 weights each, so a row's width is a multiple of 32.
+QUANT_TYPES = ("q4_0", "q4_1", "q8_0")
+QUANT_BLOCK = 32
+QUANT_GEMV_WARPS = 4  # kWarps in quant_gemv.cu
+QUANT_GEMV_WARP_ROWS = 2  # kWarpRows: rows of W per warp
+QUANT_GEMV_MAX_ROWS = 8  # kMaxRows: rows of x one GEMV launch takes
 
 
 @dataclass(frozen=True)
@@ -172,12 +178,44 @@ def silu_mul(dtype: str, num_tokens: int, d: int) -> Launch:
     return Launch(f"silu_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
 
 
+def _check_quant(qtype: str, k: int) -> None:
+    if qtype not in QUANT_TYPES:
+        raise ValueError(f"no kernels for weight type {qtype!r}; they exist for {QUANT_TYPES}")
+    if k <= 0 or k % QUANT_BLOCK:
+        raise ValueError(f"row width {k} is not a positive multiple of {QUANT_BLOCK}")
+
+
+def quant_gemv(qtype: str, dtype: str, rows: int, n: int, k: int, logits: bool = False) -> Launch:
+    """y (rows, n) = x (rows, k) @ W.T with W stored as `qtype` blocks, for 1..QUANT_GEMV_MAX_ROWS rows.
+    Args: y (storage dtype; float32 when `logits`), x (rows, k) contiguous, w (n, row bytes) uint8, rows, n, k."""
+    _check_quant(qtype, k)
+    if not 1 <= rows <= QUANT_GEMV_MAX_ROWS:
+        raise ValueError(f"the GEMV takes 1 to {QUANT_GEMV_MAX_ROWS} rows, not {rows}")
+    per_block = QUANT_GEMV_WARPS * QUANT_GEMV_WARP_ROWS
+    base = "quant_gemv_logits" if logits else "quant_gemv"
+    grid = (-(-n // per_block), 1, 1)
+    return Launch(f"{base}_{qtype}_{suffix(dtype)}", grid, (QUANT_GEMV_WARPS * WARP_SIZE, 1, 1), 0, "pppiii")
+
+
+def dequantize(qtype: str, dtype: str, num_rows: int, k: int) -> Launch:
+    """Rows ids[i] of W (stored as `qtype` blocks) into out (num_rows, k) in the storage dtype.
+    Args: out, w (rows, row bytes) uint8, ids (int32, num_rows), k."""
+    _check_quant(qtype, k)
+    halves = 2 * k // QUANT_BLOCK  # a thread's unit of work: half a block
+    return Launch(f"dequantize_{qtype}_{suffix(dtype)}", (num_rows, 1, 1), _row_block(halves), 0, "pppi")
+
+
+def _quant_names(short: str) -> list[str]:
+    bases = ("quant_gemv", "quant_gemv_logits", "dequantize")
+    return [f"{base}_{qtype}_{short}" for base in bases for qtype in QUANT_TYPES]
+
+
 def all_kernel_names() -> tuple[str, ...]:
     """Every exported kernel symbol, for loading modules and for checking the sources export them all."""
     names: list[str] = []
     for dtype, short in DTYPE_SUFFIXES:
         names += [f"{base}_{short}" for base in ("reshape_and_cache", "rms_norm", "fused_add_rms_norm")]
-        names += [f"rope_{short}", f"silu_mul_{short}"]
+        names += [f"rope_{short}", f"silu_mul_{short}", *_quant_names(short)]
         for head_dim in HEAD_DIMS:
             names += [
                 _attention_name(base, dtype, head_dim)

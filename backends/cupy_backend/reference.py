@@ -4,6 +4,8 @@ Plain float64 math on float arrays (callers widen float16 / bfloat16 storage fir
 arrays; the in-place kernels (reshape_and_cache, rope, fused_add_rms_norm's residual) are described by what
 their outputs must equal. Shapes: K/V caches (num_blocks, block_size, num_kv_heads, head_dim); q (tokens,
 num_heads, head_dim); block_tables (seqs, max_blocks) int; context_lens (seqs,) counting this step's tokens.
+The dequantizing kernels' reference is gguf's own NumPy dequantization (QuantMatrix.dequantize) followed by
+`linear`.
 """
 
 from __future__ import annotations
@@ -182,3 +184,8 @@ def silu_mul(x: Floats) -> F64:
     x64 = np.asarray(x, dtype=np.float64)
     gate, up = np.split(x64, 2, axis=-1)
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def linear(x: Floats, w: Floats) -> F64:
+    """x (M, K) @ w.T with w (N, K) as the weights are stored: every projection of the forward."""
+    return np.asarray(x, dtype=np.float64) @ np.asarray(w, dtype=np.float64).T

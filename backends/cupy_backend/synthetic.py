@@ -1,5 +1,5 @@
 """Random-weight models in a real model's shape, for GPU checks and benchmarks on machines without the model
-file: step time and memory traffic depend on the shapes, not on the weight values."""
+file: step time and memory traffic depend on the shapes (and how the weights are stored), not on the values."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from backends.model.config import ModelConfig
 from backends.model.loader import LoadedModel, ModelFiles
+from backends.model.quant import Matrix, QuantMatrix
 from backends.model.weights import LayerWeights, ModelWeights
 
 # SmolLM2-135M-Instruct, the default model (see the golden file's config).
@@ -67,3 +69,29 @@ def synthetic_model(config: ModelConfig, seed: int = 0) -> LoadedModel:
     tokenizer or chat template."""
     files = ModelFiles(path=Path(config.name), config=config, tokenizer=None, chat_template=None)  # type: ignore[arg-type]
     return LoadedModel(files=files, weights=random_weights(config, seed), load_seconds=0.0)
+
+
+def stored_like_default(weights: ModelWeights) -> ModelWeights:
+    """The weights as the default model's file stores them: every layer matrix Q4_1, the embedding (and the
+    head tied to it) Q8_0; norms stay float32."""
+
+    def q4_1(m: Matrix) -> QuantMatrix:
+        return QuantMatrix.quantize(np.asarray(m), GGMLQuantizationType.Q4_1)
+
+    layers = tuple(replace(layer, wqkv=q4_1(layer.wqkv), wo=q4_1(layer.wo), w_gate_up=q4_1(layer.w_gate_up),
+                           w_down=q4_1(layer.w_down)) for layer in weights.layers)
+    embedding = QuantMatrix.quantize(np.asarray(weights.embedding), GGMLQuantizationType.Q8_0)
+    return replace(weights, embedding=embedding, layers=layers, lm_head=embedding)
+
+
+def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> QuantMatrix:
+    """A matrix of random bytes stored as `qtype` (a gguf type name): every nibble or int8 value occurs; the
+    float16 fields (d; d and m for Q4_1) are finite, of both signs and sizes from 1e-7 to about 3."""
+    kind = GGMLQuantizationType[qtype.upper()]
+    block, block_bytes = GGML_QUANT_SIZES[kind]
+    data = rng.integers(0, 256, (rows, cols // block, block_bytes), dtype=np.uint8)
+    fields = 2 if kind == GGMLQuantizationType.Q4_1 else 1
+    size = 10.0 ** rng.integers(-7, 1, (rows, cols // block, fields))
+    halves = (rng.standard_normal(size.shape) * size).astype(np.float16)
+    data[..., : 2 * fields] = halves.view(np.uint8).reshape(rows, cols // block, 2 * fields)
+    return QuantMatrix(kind, (rows, cols), data.reshape(rows, -1))

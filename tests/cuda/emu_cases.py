@@ -1,7 +1,8 @@
 """Named emulation cases: each runs kernels through the emulation library and compares with the reference.
 
 Context lengths are odd or end in partial blocks (block_size 16), block tables are shuffled, GQA ratios are
-1, 3 and 8. `tsan_cases` are small variants, one per kernel, for the ThreadSanitizer build.
+1, 3 and 8; the dequantizing kernels read random blocks (checks_quant.py). `tsan_cases` are small variants,
+one per kernel, for the ThreadSanitizer build.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from functools import partial
 
 import numpy as np
 
+from backends.cupy_backend.launch import QUANT_TYPES
 from tests.cuda import checks_attention as att
 from tests.cuda import checks_elementwise as elem
 from tests.cuda import checks_probe as probe
+from tests.cuda import checks_quant as quant
 from tests.cuda.dtypes import ALL, BFLOAT16, FLOAT16, FLOAT32, DType
 from tests.cuda.emu_lib import EmuLib
 
@@ -55,6 +58,8 @@ def _dtype_cases() -> dict[str, Case]:
         cases[f"fused_add_rms_norm-{s}"] = partial(elem.check_fused_add_rms_norm, dt=dt)
         cases[f"rope-{s}"] = partial(elem.check_rope, dt=dt)
         cases[f"silu_mul-{s}"] = partial(elem.check_silu_mul, dt=dt)
+        for qtype in QUANT_TYPES:
+            cases[f"quant-{qtype}-{s}"] = partial(quant.check_quant, dt=dt, qtype=qtype)
         for ratio, shape in ((1, GQA_1), (3, GQA_3), (8, GQA_8)):
             cases[f"decode-{s}-gqa{ratio}"] = partial(
                 att.check_decode, dt=dt, s=shape, context_lens=DECODE_CONTEXTS, seed=ratio
@@ -99,6 +104,8 @@ def _tsan_cases() -> dict[str, Case]:
         "tsan-fused_add_rms_norm": partial(elem.check_fused_add_rms_norm, dt=BFLOAT16, tokens=2, hidden=96),
         "tsan-rope": partial(elem.check_rope, dt=FLOAT16, tokens=2),
         "tsan-silu_mul": partial(elem.check_silu_mul, dt=BFLOAT16, tokens=2, d=96),
+        "tsan-quant_gemv": partial(quant.check_quant_gemv, dt=FLOAT16, qtype="q4_1", n=11, k=64),
+        "tsan-dequantize": partial(quant.check_dequantize, dt=BFLOAT16, qtype="q8_0"),
         "tsan-decode": partial(att.check_decode, dt=FLOAT16, s=small, context_lens=(37, 5)),
         "tsan-decode-partitioned": partial(
             att.check_decode_partitioned, dt=FLOAT32, s=small, context_lens=(70, 9), partition_size=32

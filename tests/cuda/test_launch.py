@@ -9,8 +9,25 @@ from backends.cupy_backend import launch
 
 def test_names_are_unique_and_cover_every_dtype_and_head_dim() -> None:
     names = launch.all_kernel_names()
-    assert len(names) == len(set(names)) == 3 * (5 + 4 * len(launch.HEAD_DIMS))
+    quant = 3 * len(launch.QUANT_TYPES)  # GEMV, GEMV to float32 logits, dequantize
+    assert len(names) == len(set(names)) == 3 * (5 + 4 * len(launch.HEAD_DIMS) + quant)
     assert "paged_attention_decode_bf16_d128" in names and "rope_f16" in names
+    assert {"quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_f16", "dequantize_q4_0_f32"} <= set(names)
+
+
+def test_quant_gemv_covers_every_column_with_whole_warps() -> None:
+    per_block = launch.QUANT_GEMV_WARPS * launch.QUANT_GEMV_WARP_ROWS
+    for n in (1, per_block - 1, per_block, 49152, 49153):
+        spec = launch.quant_gemv("q4_1", "float16", 3, n, 576)
+        assert spec.grid[0] * per_block >= n > (spec.grid[0] - 1) * per_block
+        assert spec.block[0] == launch.QUANT_GEMV_WARPS * launch.WARP_SIZE
+    assert launch.quant_gemv("q8_0", "bfloat16", 1, 8, 64, logits=True).name == "quant_gemv_logits_q8_0_bf16"
+
+
+@pytest.mark.parametrize(("qtype", "rows", "k"), [("q5_0", 1, 64), ("q4_0", 0, 64), ("q4_0", 9, 64), ("q8_0", 1, 48)])
+def test_quant_launches_refuse_what_the_kernels_cannot_do(qtype: str, rows: int, k: int) -> None:
+    with pytest.raises(ValueError):
+        launch.quant_gemv(qtype, "float32", rows, 16, k)
 
 
 @pytest.mark.parametrize("head_dim", launch.HEAD_DIMS)

@@ -196,6 +196,16 @@ inline float __cosf(float x) { return std::cos(x); }
 inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float __frcp_rn(float x) { return 1.0f / x; }
+// Rounded on their own, as on the GPU: volatile keeps g++ from contracting a * b + c into one FMA (it may on
+// targets with FMA instructions).
+inline float __fmul_rn(float a, float b) {
+  volatile float product = a * b;
+  return product;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float sum = a + b;
+  return sum;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
 template <typename T>

@@ -63,6 +63,7 @@ inline std::uint16_t float_to_bf16_bits(float f) {
 }  // namespace cuda_emu
 
 inline float __half2float(__half h) { return cuda_emu::half_bits_to_float(h.bits); }
+inline __half __ushort_as_half(unsigned short bits) { return __half{bits}; }
 inline __half __float2half(float f) { return __half{cuda_emu::float_to_half_bits(f)}; }
 inline __half __float2half_rn(float f) { return __float2half(f); }
 inline float __bfloat162float(__nv_bfloat16 b) { return cuda_emu::bits_float(std::uint32_t(b.bits) << 16); }

@@ -2,8 +2,10 @@
 same StepBatches. Each runs in a child process (emu_run.py), since an emulated kernel can crash or hang.
 
 float32 must match to float32 rounding (logits within 1e-4, identical greedy tokens); float16 and bfloat16
-only to their precision, which checks that the 16-bit storage flows through every kernel and GEMM. A last
-scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
+only to their precision, which checks that the 16-bit storage flows through every kernel and GEMM. The quant-*
+scenarios do the same on the model quantized like the default one, each backend reading the matrices as the
+file stores them: decode rows through the dequantizing GEMV, prefill chunks through a dense copy and the GEMM.
+A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ import numpy as np
 
 from backends.base import StepBatch, StepOutput
 from backends.cupy_backend.backend import CupyBackend
+from backends.cupy_backend.quant_weights import DeviceQuant, stored_types
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
+from backends.model.weights import StoredTypes
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
+from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 40
 # Small enough that decode contexts past it take the partitioned kernel + reduce, shorter ones the plain one.
@@ -55,11 +61,13 @@ class Pair:
         return self.cupy.execute(batch), self.numpy.execute(batch)
 
 
-def make_pair(library: Path, model_path: Path, dtype: str) -> Pair:
-    model = load_model(model_path)
+def make_pair(library: Path, model_path: Path, dtype: str, stored: tuple[StoredTypes, StoredTypes] = ((), ())
+              ) -> Pair:
+    """`stored`: the types each backend's loader keeps as stored (cupy's, numpy's); none by default."""
+    model = load_model(model_path, stored[0])
     device, launcher = emu_device(library)
     cupy = CupyBackend(model.config, model.weights, device, dtype=dtype, partition_size=PARTITION_SIZE)
-    numpy = NumpyBackend(model)
+    numpy = NumpyBackend(load_model(model_path, stored[1]))
     for backend in (cupy, numpy):
         backend.init_cache(NUM_BLOCKS, BLOCK_SIZE)
     return Pair(cupy, numpy, launcher, dtype)
@@ -137,23 +145,60 @@ def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
     print(f"{dtype}: {len(pair.launcher.names)} launches, gemm {pair.cupy.gemm.name}")
 
 
+def quant_kernels(dtype: str) -> set[str]:
+    """The tiny quantized model's kernels: decode rows and sampled logits through the GEMV (the head is the
+    Q8_0 embedding), prefill chunks through dense copies of Q4_1 / Q4_0 matrices, embedding rows of Q8_0."""
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+    names = ["quant_gemv_q4_1", "quant_gemv_q4_0", "quant_gemv_logits_q8_0", "dequantize_q4_1", "dequantize_q4_0",
+             "dequantize_q8_0"]
+    return {f"{n}_{short}" for n in names}
+
+
+def check_uploaded_as_stored(pair: Pair) -> None:
+    """Quantized matrices reach the device as their stored bytes; the F16 one as a dense matrix."""
+    host, device = pair.numpy.model.weights, pair.cupy.weights
+    assert isinstance(device.embedding, DeviceQuant) and device.lm_head is device.embedding
+    for name in ("wqkv", "w_gate_up", "w_down"):
+        stored = getattr(host.layers[0], name)
+        assert np.array_equal(getattr(device.layers[0], name).data, stored.data), name
+    assert not isinstance(device.layers[1].wo, DeviceQuant) and device.layers[1].wo.dtype == pair.cupy.storage.dtype
+
+
+def quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
+    path = write_tiny_llama_d64_quant(model_path.with_name(f"tiny-d64-quant-{dtype}.gguf"))
+    pair = make_pair(library, path, dtype, (stored_types(), NUMPY_STORED_TYPES))
+    check_uploaded_as_stored(pair)
+    rng = np.random.default_rng(4)
+    greedy_steps(pair, fork_with_copy(pair, prefill_and_mixed(pair, rng)), steps=4)
+    missing = (expected_kernels(dtype) | quant_kernels(dtype)) - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
+
+
 def gpu_check_dry_run(library: Path, model_path: Path) -> None:
-    """bench/gpu_check.py's two measurement sections, shrunk, on the emulated device: the same code paths
-    as on the GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
+    """bench/gpu_check.py's measurement sections, shrunk, on the emulated device: the same code paths as on the
+    GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
     from bench import gpu_check  # noqa: PLC0415 - only this scenario needs it
 
     device, launcher = emu_device(library)
     plan = gpu_check.Plan(dtype="bfloat16", bandwidth_batch=2, bandwidth_context=40, bandwidth_repeats=1,
-                          decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1)
+                          decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1,
+                          vocab_size=512, quant_batches=(2, 9), gemv_shapes=(("q4_1", 24, 256), ("q8_0", 40, 64)),
+                          gemv_rows=(1, 8), gemv_repeats=1)
     ctx = gpu_check.Context(plan=plan, device=device, env={"peak_bandwidth_gbs": 100.0})
-    sections = [s for s in gpu_check.SECTIONS if s[0] in ("decode_bandwidth", "e2e_decode")]
-    report = gpu_check.run(ctx, sections, budget_s=600.0)
+    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "e2e_decode_quant")
+    report = gpu_check.run(ctx, [s for s in gpu_check.SECTIONS if s[0] in measured], budget_s=600.0)
     assert report.ok, report.sections
     bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
     assert bandwidth["plain"]["microseconds"] > 0 and bandwidth["partitioned"]["fraction_of_peak"] is not None
     assert set(e2e["batches"]) == {"1", "2"} and all(v["tokens_per_s"] > 0 for v in e2e["batches"].values())
+    gemv = report.sections["quant_gemv"]["matrices"]["q4_1 24x256"]
+    assert gemv["stored_bytes"] == 24 * 256 // 32 * 20 and gemv["rows_8"]["fraction_of_peak"] is not None
+    quant = report.sections["e2e_decode_quant"]
+    assert set(quant["batches"]) == {"2", "9"} and quant["weight_bytes"] < e2e["weight_bytes"]
     assert {"paged_attention_decode_bf16_d64", "paged_attention_decode_partitioned_bf16_d64",
-            "paged_attention_reduce_bf16_d64"} <= set(launcher.names)
+            "paged_attention_reduce_bf16_d64", "quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_bf16",
+            "dequantize_q4_1_bf16", "dequantize_q8_0_bf16"} <= set(launcher.names)
 
 
 Scenario = Callable[[Path, Path], None]
@@ -164,4 +209,8 @@ def scenarios() -> dict[str, Scenario]:
     def bind(dtype: str) -> Scenario:
         return lambda library, model_path: full_scenario(library, model_path, dtype)
 
-    return {**{dtype: bind(dtype) for dtype in DTYPES}, "gpu-check-dry-run": gpu_check_dry_run}
+    def bind_quant(dtype: str) -> Scenario:
+        return lambda library, model_path: quant_scenario(library, model_path, dtype)
+
+    quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
+    return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, "gpu-check-dry-run": gpu_check_dry_run}

@@ -11,16 +11,19 @@ import numpy as np
 import pytest
 
 from backends.base import BackendError
-from backends.cupy_backend import launch, source
+from backends.config import BackendConfig
+from backends.cupy_backend import create, launch, source
+from backends.cupy_backend import device as device_module
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.launcher import CupyLauncher, compile_module
+from backends.cupy_backend.quant_weights import DeviceQuant
 from backends.cupy_backend.step_inputs import upload_sampling, upload_step
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import load_model
+from backends.model.loader import load_model, open_model
 from tests.backends.tiny_gguf import write_tiny_llama
 from tests.cupy_backend.fakes import DeviceArray, device, fake_cupy
-from tests.cupy_backend.tiny_model import write_tiny_llama_d64
+from tests.cupy_backend.tiny_model import write_tiny_llama_d64, write_tiny_llama_d64_quant
 
 
 def test_module_source_inlines_each_local_header_once() -> None:
@@ -136,3 +139,21 @@ def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
     seq = SeqState(blocks=list(range(1, 34)), tokens=[3] * 256)
     with pytest.raises(BackendError, match="past the model's context length 256"):
         backend.execute(make_batch([seq], [[4]], 8))
+
+
+@pytest.mark.parametrize("weights", ["gguf", "float32"])
+def test_create_hands_quantized_matrices_over_as_stored(weights: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """weights = gguf: Q4_0 / Q4_1 / Q8_0 matrices reach the device as their blocks, F16 dense in the dtype;
+    weights = float32: every matrix dense in the dtype, as before."""
+    monkeypatch.setattr(device_module, "cupy_device", lambda: Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    _, files = open_model(write_tiny_llama_d64_quant(tmp_path / "q.gguf"))
+    backend = create(BackendConfig(name="cupy", dtype="float16", weights=weights), files)
+    w = backend.weights
+    matrices = [w.embedding, w.layers[0].wqkv, w.layers[0].w_down, w.layers[1].wo]
+    if weights == "float32":
+        assert all(isinstance(m, np.ndarray) and m.dtype == np.float16 for m in matrices)
+        return
+    assert [getattr(m, "qtype", None) for m in matrices] == ["q8_0", "q4_1", "q4_0", None]
+    assert w.lm_head is w.embedding and w.layers[1].wo.dtype == np.float16
+    assert w.layers[0].wqkv.data.dtype == np.uint8 and isinstance(w.layers[0].w_gate_up, DeviceQuant)

@@ -2,7 +2,8 @@
 
 Two kinds of model: the real default model (SmolLM2-135M, when its package is installed), checked against the
 golden reference; and random weights in SmolLM2's shape (no model file needed), checked step by step against
-NumpyBackend on the same weights. Measured errors are printed (see them with -rP) for calibration.
+NumpyBackend on the same weights. Each also with its matrices kept as stored (Q4_1, Q8_0), read by the
+dequantizing kernels. Measured errors are printed (see them with -rP) for calibration.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 from backends.base import SamplingInputs, StepBatch
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.device import Device
-from backends.cupy_backend.synthetic import smollm2_shape, synthetic_model
+from backends.cupy_backend.quant_weights import stored_types
+from backends.cupy_backend.synthetic import smollm2_shape, stored_like_default, synthetic_model
 from backends.manual_batch import SeqState, make_batch
 from backends.model.config import ModelLoadError
 from backends.model.loader import LoadedModel, load_model
@@ -57,8 +59,22 @@ def real_model() -> LoadedModel:
 
 
 @pytest.fixture(scope="module")
+def real_model_stored() -> LoadedModel:
+    try:
+        return load_model(stored=stored_types())
+    except ModelLoadError as exc:
+        pytest.skip(f"the default model is not installed ({exc})")
+
+
+@pytest.fixture(scope="module")
 def synthetic() -> LoadedModel:
     return synthetic_model(smollm2_shape(num_layers=4), seed=1)
+
+
+@pytest.fixture(scope="module")
+def synthetic_stored(synthetic: LoadedModel) -> LoadedModel:
+    """The same random weights stored like the default model's file (Q4_1 matrices, Q8_0 embedding and head)."""
+    return replace(synthetic, weights=stored_like_default(synthetic.weights))
 
 
 def cupy_backend(gpu: Device, model: LoadedModel, dtype: str) -> CupyBackend:
@@ -119,6 +135,16 @@ def test_synthetic_model_matches_numpy_step_by_step(gpu: Device, synthetic: Load
     lengths = [40, 17, 5, 64]
     prompts = random_prompts(lengths, seed=2, vocab=synthetic.config.vocab_size)
     lockstep_greedy(cupy_backend(gpu, synthetic, dtype), numpy_backend(synthetic), new_seqs(lengths, 3),
+                    new_seqs(lengths, 3), prompts, steps=8, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stored_weights_match_numpy_step_by_step(gpu: Device, synthetic_stored: LoadedModel, dtype: str) -> None:
+    """Prefill (through dense copies of the blocks) and batch-4 decode (through the dequantizing GEMV) against
+    NumpyBackend reading the same blocks."""
+    lengths = [40, 17, 5, 64]
+    prompts = random_prompts(lengths, seed=2, vocab=synthetic_stored.config.vocab_size)
+    lockstep_greedy(cupy_backend(gpu, synthetic_stored, dtype), numpy_backend(synthetic_stored), new_seqs(lengths, 3),
                     new_seqs(lengths, 3), prompts, steps=8, dtype=dtype)
 
 
@@ -191,9 +217,18 @@ def golden_decided(case: dict[str, object]) -> list[int]:
 
 def test_real_model_greedy_tokens_match_golden_float32(gpu: Device, real_model: LoadedModel) -> None:
     """All golden prompts batched: one mixed prefill step, then batched decode steps on device sampling."""
+    greedy_matches_golden(cupy_backend(gpu, real_model, "float32"))
+
+
+def test_real_model_stored_weights_greedy_tokens_match_golden_float32(gpu: Device,
+                                                                       real_model_stored: LoadedModel) -> None:
+    """The same with the file's Q4_1 / Q8_0 matrices read as stored: gguf's values, so the same tokens."""
+    greedy_matches_golden(cupy_backend(gpu, real_model_stored, "float32"))
+
+
+def greedy_matches_golden(backend: CupyBackend) -> None:
     cases = GOLDEN["prompts"]
     prompts = [c["token_ids"] for c in cases]
-    backend = cupy_backend(gpu, real_model, "float32")
     seqs = new_seqs([len(p) for p in prompts], seed=9)
     steps = max(len(c["greedy_ids"]) for c in cases)
     generated: list[list[int]] = [[] for _ in cases]

@@ -18,8 +18,8 @@ from tests.cuda.toolchain import REPO
 from tests.cupy_backend.tiny_model import write_tiny_llama_d64
 
 EXTRA = "pip install 'pagedserve[cuda]'"
-MODULES = ("backend", "device", "device_model", "forward", "gemm", "launch", "launcher", "ops", "reference",
-           "source", "step_inputs", "storage", "synthetic")
+MODULES = ("backend", "device", "device_model", "forward", "gemm", "launch", "launcher", "ops", "projections",
+           "quant_ops", "quant_weights", "reference", "source", "step_inputs", "storage", "synthetic")
 
 
 def test_importing_every_module_does_not_import_cupy() -> None:

@@ -1,5 +1,7 @@
 """A tiny Llama GGUF whose head size the attention kernels are compiled for (the default tiny model has
-head_dim 16): 2 layers, hidden 128, 2 query heads of 64 sharing 1 KV head (GQA 2), FFN 256, float32."""
+head_dim 16): 2 layers, hidden 128, 2 query heads of 64 sharing 1 KV head (GQA 2), FFN 256, float32; and the
+same shape quantized like the default model (Q4_1 matrices, a Q8_0 embedding that is also the output head),
+with a Q4_0 and an F16 matrix besides."""
 
 from __future__ import annotations
 
@@ -17,3 +19,11 @@ HEAD_DIM = SHAPE.head_dim
 
 def write_tiny_llama_d64(path: Path, seed: int = 0) -> Path:
     return write_tiny_llama(path, weight_type=Q.F32, seed=seed, shape=SHAPE)
+
+
+# Per tensor types of the quantized tiny model; every other matrix is Q4_1.
+QUANT_TYPES = {"token_embd.weight": Q.Q8_0, "blk.0.ffn_down.weight": Q.Q4_0, "blk.1.attn_output.weight": Q.F16}
+
+
+def write_tiny_llama_d64_quant(path: Path, seed: int = 0) -> Path:
+    return write_tiny_llama(path, weight_type=Q.Q4_1, seed=seed, shape=SHAPE, types=QUANT_TYPES)

@@ -1,0 +1,48 @@
+"""Every product of the forward with a weight matrix, y = x @ w.T, and the embedding lookup, whichever way the
+weight is kept on the device.
+
+A dense weight (a device array in the storage dtype) goes through the GEMM (gemm.py) and plain indexing. A
+weight kept as stored (DeviceQuant) goes through:
+  - the dequantizing GEMV for 1..launch.QUANT_GEMV_MAX_ROWS rows (decode steps, the sampled rows' logits):
+    the stored bytes are all a step reads of that matrix;
+  - for more rows (prefill chunks, large decode batches), a dense copy of the matrix in the storage dtype,
+    made for this one product and dropped when it returns, then the GEMM. Each weight then serves many rows,
+    where a GEMM beats re-reading the blocks once per 8 rows; only one matrix's copy exists at a time.
+  - the embedding lookup dequantizes only the step's tokens' rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from backends.cupy_backend import launch
+from backends.cupy_backend.gemm import Gemm
+from backends.cupy_backend.quant_ops import QuantKernels
+from backends.cupy_backend.quant_weights import DeviceQuant
+
+
+@dataclass(frozen=True)
+class Projections:
+    gemm: Gemm
+    quant: QuantKernels
+
+    def linear(self, x: Any, w: Any) -> Any:
+        """(M, K) x (N, K) weights -> (M, N), in the storage dtype."""
+        if not isinstance(w, DeviceQuant):
+            return self.gemm.linear(x, w)
+        if x.shape[0] <= launch.QUANT_GEMV_MAX_ROWS:
+            return self.quant.gemv(x, w)
+        return self.gemm.linear(x, self.quant.dense(w))
+
+    def logits(self, x: Any, w: Any) -> Any:
+        """(M, K) x (N, K) weights -> (M, N) float32, for sampling."""
+        if not isinstance(w, DeviceQuant):
+            return self.gemm.logits(x, w)
+        if x.shape[0] <= launch.QUANT_GEMV_MAX_ROWS:
+            return self.quant.gemv(x, w, logits=True)
+        return self.gemm.logits(x, self.quant.dense(w))
+
+    def embed(self, w: Any, ids: Any) -> Any:
+        """Rows `ids` (int32 device array) of the embedding, in the storage dtype."""
+        return self.quant.rows(w, ids) if isinstance(w, DeviceQuant) else w[ids]

@@ -1,0 +1,68 @@
+"""Served single-stream decode with the weights as the GGUF stores them against float32 weights, A/B in one run:
+
+    python -m bench.experiments.weights [--rounds 3] [--requests 6]
+
+Two `pagedserve serve` processes on the NumPy backend and the default model, one `--weights gguf`, one
+`--weights float32`, both up for the whole run; one client (concurrency 1) sends 128-token random prompts
+asking for 128 tokens, `--requests` to one server, then as many to the other, round after round, so a host
+that speeds up or slows down moves both alike. Prints TTFT and TPOT (p50, p90) per mode over every round and
+the gguf / float32 ratio of TPOT p50 (the target: at most 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+from collections.abc import Sequence
+
+from bench.experiments.server import Server
+from bench.loadgen.measure import measure
+from bench.loadgen.spec import Bounds, LoadShape, Target
+from bench.loadgen.workloads import Lengths, RandomWorkload
+from bench.stats import pct
+
+MODES = ("gguf", "float32")
+WORKLOAD = RandomWorkload(Lengths(128), Lengths(128), seed=0)
+
+
+async def one_round(urls: dict[str, str], requests: int, first: bool) -> dict[str, tuple[list[float], list[float]]]:
+    """(TTFTs, TPOTs) in seconds per mode for this round's requests."""
+    out = {}
+    for mode, url in urls.items():
+        bounds = Bounds(requests, None, warmup=1 if first else 0)
+        m = await measure(Target(url), WORKLOAD, LoadShape(concurrency=1), bounds)
+        out[mode] = ([r.ttft for r in m.requests if r.ttft is not None],
+                     [r.tpot for r in m.requests if r.tpot is not None])
+    return out
+
+
+def report(samples: dict[str, tuple[list[float], list[float]]]) -> list[str]:
+    lines = [f"{'weights':>8} {'requests':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9}"]
+    for mode, (ttft, tpot) in samples.items():
+        lines.append(f"{mode:>8} {len(tpot):>8} {pct(ttft, .5) * 1e3:>7.1f}ms {pct(ttft, .9) * 1e3:>7.1f}ms "
+                     f"{pct(tpot, .5) * 1e3:>7.2f}ms {pct(tpot, .9) * 1e3:>7.2f}ms")
+    ratio = statistics.median(samples["gguf"][1]) / statistics.median(samples["float32"][1])
+    lines.append(f"TPOT p50 gguf / float32: {ratio:.2f} (target: at most 0.5)")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=6, help="per mode and round")
+    args = parser.parse_args(argv)
+    base = ["--backend", "numpy", "--max-num-seqs", "4"]
+    with Server([*base, "--weights", "gguf"]) as gguf, Server([*base, "--weights", "float32"]) as f32:
+        urls = {"gguf": gguf.url, "float32": f32.url}
+        samples: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in MODES}
+        for r in range(args.rounds):
+            for mode, (ttft, tpot) in asyncio.run(one_round(urls, args.requests, r == 0)).items():
+                samples[mode][0].extend(ttft)
+                samples[mode][1].extend(tpot)
+    print("\n".join(report(samples)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""Emulated dequantizing kernels (quant_gemv.cu, dequantize.cu) against the reference: gguf's own NumPy
+dequantization (QuantMatrix.dequantize), then a float64 product (reference.linear).
+
+Weights are random bytes rather than a quantizer's output, so every nibble and int8 value occurs, with scales
+and offsets of both signs and of every size down to float16 subnormals. Widths span several passes of a
+warp over the row's half blocks and a partial last pass; the number of output columns is not a multiple of
+the columns a block (8) or a warp (2) owns, and writes past the output are caught by a NaN canary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from backends.cupy_backend import launch, reference
+from backends.cupy_backend.gemm import choose_gemm
+from backends.cupy_backend.projections import Projections
+from backends.cupy_backend.quant_ops import QuantKernels
+from backends.cupy_backend.quant_weights import DeviceQuant
+from backends.cupy_backend.storage import storage_for
+from backends.cupy_backend.synthetic import random_blocks
+from backends.model.quant import QuantMatrix
+from tests.cuda.dtypes import FLOAT32, DType
+from tests.cuda.emu_data import nan_like
+from tests.cuda.emu_lib import EmuLib
+
+# Output rounding: half an ulp of the storage dtype, relative (float32 results count as exact), and for float16
+# half its subnormal spacing.
+HALF_ULP = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+HALF_ULP_ABS = {"float32": 0.0, "float16": 2.0**-25, "bfloat16": 0.0}
+# float32 accumulation in any order: well within this fraction of sum |x * w| at these widths.
+SUM_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Problem:
+    """x in the storage dtype, W as stored, and what the reference needs of both."""
+
+    x: npt.NDArray[np.generic]
+    w: QuantMatrix
+    x_values: npt.NDArray[np.float64]
+    w_values: npt.NDArray[np.float32]  # gguf's dequantization
+
+    @property
+    def scale(self) -> npt.NDArray[np.float64]:
+        """sum |x * w| of each output: what the summation error is relative to."""
+        return np.abs(self.x_values) @ np.abs(self.w_values.astype(np.float64)).T
+
+
+def make_problem(rng: np.random.Generator, dt: DType, qtype: str, rows: int, n: int, k: int) -> Problem:
+    w = random_blocks(rng, qtype, n, k)
+    x = dt.encode(rng.standard_normal((rows, k)))
+    return Problem(x, w, dt.decode(x), w.dequantize())
+
+
+def assert_product(got: npt.NDArray[np.float64], p: Problem, out_dtype: str, what: str,
+                   weight_rounding: float = 0.0) -> None:
+    """|got - x @ W.T| within the summation error, the output's rounding and, for products through a dense
+    copy of W in a 16-bit dtype, that copy's rounding (relative to sum |x * w|)."""
+    want = reference.linear(p.x_values, p.w_values)
+    bound = (SUM_RTOL + weight_rounding) * p.scale + HALF_ULP[out_dtype] * np.abs(want) + HALF_ULP_ABS[out_dtype]
+    err = np.abs(got - want)
+    bad = ~(err <= bound)
+    if bad.any():
+        at = tuple(np.argwhere(bad)[0])
+        raise AssertionError(f"{what}: {int(bad.sum())}/{bad.size} off, first at {at}: got {got[at]!r}, "
+                             f"want {want[at]!r}, bound {bound[at]:.3g}")
+    print(f"{what}: max err / bound {float((err / np.maximum(bound, 1e-30)).max()):.3g}")
+
+
+def check_dequantize(lib: EmuLib, dt: DType, qtype: str, seed: int = 0) -> None:
+    """Rows picked by shuffled, repeated ids: gguf's float32 values, rounded once to the storage dtype."""
+    rng = np.random.default_rng(seed)
+    w = random_blocks(rng, qtype, 37, 160)
+    ids = rng.integers(0, 37, 23).astype(np.int32)
+    out = nan_like(dt, (len(ids), 160))
+    lib.launch(launch.dequantize(qtype, dt.name, len(ids), 160), [out, w.data, ids, 160])
+    want = dt.encode(w.dequantize()[ids])
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), f"dequantize {qtype} {dt.name}: bits differ"
+    print(f"dequantize_{qtype} {dt.name}: {out.size} values bit-identical to gguf's")
+
+
+def _launch_gemv(lib: EmuLib, p: Problem, qtype: str, dt: DType, logits: bool) -> npt.NDArray[np.float64]:
+    """Runs the GEMV into a NaN buffer with a NaN canary after the output; returns the output as float64."""
+    (rows, k), n = p.x.shape, p.w.shape[0]
+    out_dt = FLOAT32 if logits else dt
+    buffer = nan_like(out_dt, (rows * n + 64,))
+    out = buffer[: rows * n].reshape(rows, n)
+    lib.launch(launch.quant_gemv(qtype, dt.name, rows, n, k, logits), [out, p.x, p.w.data, rows, n, k])
+    assert np.isnan(out_dt.decode(buffer[rows * n :])).all(), "the GEMV wrote past its output"
+    return out_dt.decode(out)
+
+
+def check_quant_gemv(lib: EmuLib, dt: DType, qtype: str, n: int = 37, k: int = 1056, seed: int = 0) -> None:
+    """Every row count the GEMV takes, writing the storage dtype and float32 logits."""
+    rng = np.random.default_rng(seed)
+    for rows in range(1, launch.QUANT_GEMV_MAX_ROWS + 1):
+        p = make_problem(rng, dt, qtype, rows, n, k)
+        for logits in (False, True):
+            got = _launch_gemv(lib, p, qtype, dt, logits)
+            out_dtype = "float32" if logits else dt.name
+            assert_product(got, p, out_dtype, f"quant_gemv {qtype} {dt.name} rows {rows} -> {out_dtype}")
+
+
+class _Recorder:
+    """The emulation library as a KernelLauncher that remembers which kernels ran."""
+
+    def __init__(self, lib: EmuLib) -> None:
+        self.lib = lib
+        self.names: list[str] = []
+
+    def launch(self, spec: launch.Launch, args: Any) -> None:
+        self.names.append(spec.name)
+        self.lib.launch(spec, args)
+
+
+def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 96, seed: int = 0) -> None:
+    """Projections.linear / logits for 1 row up to past the GEMV limit (the dense-copy GEMM path), and the
+    embedding lookup, against the reference."""
+    rng = np.random.default_rng(seed)
+    storage, recorder = storage_for(dt.name), _Recorder(lib)
+    proj = Projections(choose_gemm(np, storage), QuantKernels(np, recorder, storage))
+    for rows in (*range(1, launch.QUANT_GEMV_MAX_ROWS + 1), launch.QUANT_GEMV_MAX_ROWS + 1, 20):
+        p = make_problem(rng, dt, qtype, rows, n, k)
+        w = DeviceQuant(qtype, p.w.data, p.w.shape)
+        gemv = rows <= launch.QUANT_GEMV_MAX_ROWS
+        copy_rounding = 0.0 if gemv else HALF_ULP[dt.name] * 2
+        recorder.names.clear()
+        assert_product(dt.decode(proj.linear(p.x, w)), p, dt.name, f"linear {rows} rows", copy_rounding)
+        assert_product(np.asarray(proj.logits(p.x, w), np.float64), p, "float32", f"logits {rows} rows",
+                       copy_rounding)
+        assert all(name.startswith("quant_gemv" if gemv else "dequantize") for name in recorder.names)
+    ids = rng.integers(0, n, 11).astype(np.int32)
+    looked_up = proj.embed(w, ids)
+    assert np.array_equal(looked_up.view(np.uint8), dt.encode(p.w_values[ids]).view(np.uint8)), "embedding rows"
+
+
+def check_quant(lib: EmuLib, dt: DType, qtype: str) -> None:
+    check_dequantize(lib, dt, qtype)
+    check_quant_gemv(lib, dt, qtype)
+    check_projections(lib, dt, qtype)
