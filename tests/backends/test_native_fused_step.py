@@ -4,6 +4,7 @@ that guard the cache."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,6 +17,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.fused_step import NativeFusedStep
+from backends.numpy_backend.native.matmul import NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
 
@@ -233,7 +235,8 @@ def stored_model() -> LoadedModel:
 def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, stored_model: LoadedModel,
                                                          prefixes: list[int], chunks: list[int]) -> None:
     """The default model's Q4_1 layers and Q8_0 head read as stored, against the same model dequantized to
-    float32 at load: the same logits and K/V, bit for bit, on the fused step and on the per-layer path."""
+    float32 at load: the same logits and K/V, bit for bit, on the fused step and on the per-layer path, where
+    the stored weights are summed in 8 lanes; within float32 rounding of them where in 16 (AVX-512)."""
     pair = Pair(model, 512, 16)
     stored = NumpyBackend(stored_model, "native")
     stored.init_cache(512, 16)
@@ -241,6 +244,8 @@ def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, sto
     for mine, theirs in zip((*stored.cache.keys, *stored.cache.values),
                             (*pair.fused.cache.keys, *pair.fused.cache.values), strict=True):
         mine[...] = theirs
-    np.testing.assert_array_equal(stored.compute_logits(batch), pair.fused.compute_logits(batch))
+    check = functools.partial(np.testing.assert_allclose, rtol=2e-5, atol=2e-4) if NativeMatmul().wide_sums else \
+        np.testing.assert_array_equal
+    check(stored.compute_logits(batch), pair.fused.compute_logits(batch))
     for mine, theirs in zip(stored.cache.keys, pair.fused.cache.keys, strict=True):
-        np.testing.assert_array_equal(mine, theirs)
+        check(mine, theirs)

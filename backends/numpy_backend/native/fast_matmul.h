@@ -59,15 +59,17 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
-/* Tiles 0-1: C (16 x 16 float32) for two tiles of x rows; 2: A (16 weight rows x 32 bfloat16, as the rows are
- * stored); 3-4: B (x's rows as TDPBF16PS reads its second operand: the pair of values 2p, 2p + 1 of each of 16
- * rows side by side in its row p). The weights are the first operand so that they need no rearranging: each
- * is converted where it is dequantized, and only x (a few rows, once per call) is rearranged. */
+/* Tiles 0-3: C (16 x 16 float32) for two tiles of weight rows by two tiles of x rows; 4-5: A (16 weight rows x
+ * 32 bfloat16, as the rows are stored); 6-7: B (x's rows as TDPBF16PS reads its second operand: the pair of
+ * values 2p, 2p + 1 of each of 16 rows side by side in its row p). The weights are the first operand so that
+ * they need no rearranging: each is converted where it is dequantized, and only x (a few rows, once per call)
+ * is rearranged. Four accumulators, because a tile product waits for the previous one into the same C: with
+ * two, the unit was idle most of the time (a 64-row step's products took 1.4 ms for 17.7 M weights). */
 static void amx_configure(void) {
     TileConfig config;
     memset(&config, 0, sizeof config);
     config.palette = 1;
-    for (int t = 0; t < 5; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
+    for (int t = 0; t < 8; t++) config.rows[t] = 16, config.bytes_per_row[t] = 64;
     _tile_loadconfig(&config);
 }
 
@@ -94,66 +96,112 @@ static void x_to_tiles(const float *x, int64_t m, int64_t k, int64_t kp, uint16_
     }
 }
 
-/* 16 weight rows (first.., zeros past n) as bfloat16 A rows of kp values: each block dequantized (quant.h) and
- * converted 32 values at a time. */
-static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t k, int64_t kp, float *row,
-                             uint16_t *a) {
+/* One weight row as kp bfloat16 values (zeros past k): each block dequantized in registers (quant_wide.h) and
+ * converted 32 values at a time, straight into the A rows; `type` a constant (DISPATCH_TYPE). Through a float
+ * buffer (dequantized, stored, reloaded, converted) this took about three times as long. */
+static inline __attribute__((always_inline)) void row_to_bf16_t(const uint8_t *row, int64_t k, int64_t kp,
+                                                                uint16_t *to, const int32_t type) {
+    const int64_t blocks = k / QBLOCK;
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512 v[2];
+        deq_block16(row, type, b, v);
+        _mm512_storeu_si512(to + b * QBLOCK, (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]));
+    }
+    if (kp > blocks * QBLOCK) { /* the float types' last 8-24 values (k % 8 == 0), then zeros */
+        float part[QBLOCK] = {0};
+        for (int64_t c = blocks * 4; c < k / LANES; c++) {
+            const vec8 v = deq8_float(row, type, c);
+            memcpy(part + (c - blocks * 4) * LANES, &v, sizeof v);
+        }
+        _mm512_storeu_si512(to + blocks * QBLOCK, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(part + 16),
+                                                                                _mm512_loadu_ps(part)));
+    }
+}
+
+/* 16 weight rows (first.., zeros past n) as bfloat16 A rows of kp values. */
+static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t k, int64_t kp, uint16_t *a) {
     for (int64_t j = 0; j < FAST_TILE; j++) {
         uint16_t *to = a + j * kp;
         if (first + j >= n) {
             memset(to, 0, sizeof(uint16_t) * (size_t)kp);
             continue;
         }
-        memset(row + k, 0, sizeof(float) * (size_t)(kp - k));
-        dequantize_row(weights_row(w, first + j), w->type, k, row);
-        for (int64_t c = 0; c < kp; c += 32)
-            _mm512_storeu_si512(to + c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16),
-                                                                      _mm512_loadu_ps(row + c)));
+        const uint8_t *row = weights_row(w, first + j);
+#define ROW_TO_BF16(T) row_to_bf16_t(row, k, kp, to, T)
+        DISPATCH_TYPE(w->type, ROW_TO_BF16)
+#undef ROW_TO_BF16
     }
 }
 
-/* C (weight rows x rows of x) for two tiles of x rows (mt, mt + 1), summed over K, into c (2 x 16 x 16). */
-static void amx_tiles(const uint16_t *a, int64_t kp, const uint16_t *xv, int64_t mt, int pair, float *c) {
+/* C (weight rows x rows of x) for weight tiles a0, a1 (a1 NULL: none) against x tiles mt, mt + 1 (`pair`),
+ * summed over K, into c: four 16 x 16 blocks, (a0, mt), (a1, mt), (a0, mt + 1), (a1, mt + 1). */
+static void amx_tiles(const uint16_t *a0, const uint16_t *a1, int64_t kp, const uint16_t *xv, int64_t mt, int pair,
+                      float *c) {
     const int64_t tiles_k = kp / FAST_K;
     _tile_zero(0);
     _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
     for (int64_t kt = 0; kt < tiles_k; kt++) {
-        _tile_loadd(2, a + kt * FAST_K, kp * 2);
-        _tile_loadd(3, xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE, 64);
-        _tile_dpbf16ps(0, 2, 3);
+        _tile_loadd(4, a0 + kt * FAST_K, kp * 2);
+        _tile_loadd(6, xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (a1 != NULL) {
+            _tile_loadd(5, a1 + kt * FAST_K, kp * 2);
+            _tile_dpbf16ps(1, 5, 6);
+        }
         if (pair) {
-            _tile_loadd(4, xv + ((mt + 1) * tiles_k + kt) * FAST_K * FAST_TILE, 64);
-            _tile_dpbf16ps(1, 2, 4);
+            _tile_loadd(7, xv + ((mt + 1) * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            if (a1 != NULL) _tile_dpbf16ps(3, 5, 7);
         }
     }
+    const int64_t block = FAST_TILE * FAST_TILE;
     _tile_stored(0, c, 64);
-    if (pair) _tile_stored(1, c + FAST_TILE * FAST_TILE, 64);
+    if (a1 != NULL) _tile_stored(1, c + block, 64);
+    if (pair) _tile_stored(2, c + 2 * block, 64);
+    if (pair && a1 != NULL) _tile_stored(3, c + 3 * block, 64);
 }
 
-/* y[i, first + j] (+)= c[j][i]: the valid rows of x and weight rows only. */
-static void store_tiles(const float *c, float *y, int64_t m, int64_t n, int64_t mt, int pair, int64_t first,
-                        int add) {
-    for (int tile = 0; tile <= pair; tile++)
-        for (int64_t i = (mt + tile) * FAST_TILE; i < m && i < (mt + tile + 1) * FAST_TILE; i++)
-            for (int64_t j = 0; j < FAST_TILE && first + j < n; j++) {
-                const float v = c[tile * FAST_TILE * FAST_TILE + j * FAST_TILE + (i - (mt + tile) * FAST_TILE)];
-                y[i * n + first + j] = add ? y[i * n + first + j] + v : v;
-            }
+/* y[i, first + j] (+)= one C block's c[j][i] for x tile mt: the valid rows of x and weight rows only, each
+ * row's 16 values gathered down a column of the block (one by one, the stores took a third of a 64-row step). */
+static void store_block(const float *c, float *y, int64_t m, int64_t n, int64_t mt, int64_t first, int add) {
+    const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(FAST_TILE));
+    const int64_t cols = n - first < FAST_TILE ? n - first : FAST_TILE;
+    const __mmask16 valid = (__mmask16)(cols >= 16 ? 0xffff : (1u << cols) - 1);
+    for (int64_t i = mt * FAST_TILE; i < m && i < (mt + 1) * FAST_TILE; i++) {
+        __m512 v = _mm512_i32gather_ps(down, c + (i - mt * FAST_TILE), 4);
+        float *out = y + i * n + first;
+        if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, out));
+        _mm512_mask_storeu_ps(out, valid, v);
+    }
 }
 
-/* The tile path's share of one projection for this thread; inside the OpenMP region, as project_weights.
- * xv: x as B tiles (m_padded / 16 x kp / 32 tiles), written here; row, a, c: this thread's buffers. */
+/* The tile path's share of one projection for this thread; inside the OpenMP region, as project_weights: two
+ * tiles of weight rows (32) per iteration. xv: x as B tiles (m_padded / 16 x kp / 32 tiles), written here; a
+ * (two tiles' A rows, 32 kp bfloat16), c (4 C blocks): this thread's buffers. */
 static void project_amx(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
-                        uint16_t *xv, int64_t m_padded, int64_t kp, float *row, uint16_t *a, float *c) {
+                        uint16_t *xv, int64_t m_padded, int64_t kp, uint16_t *a, float *c) {
     x_to_tiles(x, m, k, kp, xv, m_padded); /* its omp for ends in a barrier: xv is complete */
     amx_configure();
+    const int64_t span = 2 * FAST_TILE, block = FAST_TILE * FAST_TILE;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < (n + FAST_TILE - 1) / FAST_TILE; t++) {
-        weights_to_tiles(w, t * FAST_TILE, n, k, kp, row, a);
+    for (int64_t t = 0; t < (n + span - 1) / span; t++) {
+        const int64_t first = t * span, two = first + FAST_TILE < n;
+        weights_to_tiles(w, first, n, k, kp, a);
+        if (two) weights_to_tiles(w, first + FAST_TILE, n, k, kp, a + FAST_TILE * kp);
+        /* the next weight rows' bytes into L2 while these products run */
+        const int64_t next = first + span, rows = n - next < span ? n - next : span;
+        for (int64_t line = 0; rows > 0 && line < rows * w->row_bytes; line += 64)
+            __builtin_prefetch(weights_row(w, next) + line, 0, PREFETCH_LOCALITY);
         for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
             const int pair = mt + 1 < m_padded / FAST_TILE;
-            amx_tiles(a, kp, xv, mt, pair, c);
-            store_tiles(c, y, m, n, mt, pair, t * FAST_TILE, add);
+            amx_tiles(a, two ? a + FAST_TILE * kp : NULL, kp, xv, mt, pair, c);
+            store_block(c, y, m, n, mt, first, add);
+            if (two) store_block(c + block, y, m, n, mt, first + FAST_TILE, add);
+            if (pair) store_block(c + 2 * block, y, m, n, mt + 1, first, add);
+            if (pair && two) store_block(c + 3 * block, y, m, n, mt + 1, first + FAST_TILE, add);
         }
     }
     _tile_release();
@@ -186,7 +234,7 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
     f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
-    const int64_t tiles = f->tiles ? f->kp + FAST_TILE * f->kp / 2 + 2 * FAST_TILE * FAST_TILE : 0;
+    const int64_t tiles = f->tiles ? FAST_TILE * f->kp / 2 + 2 * FAST_TILE * FAST_TILE : 0;
     const int64_t strips = quant_buffer_floats(kmax);
     f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
@@ -205,8 +253,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if FAST_AMX
     if (f->tiles) {
-        project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, f->kp, mine, (uint16_t *)(mine + f->kp),
-                    mine + f->kp + FAST_TILE * f->kp / 2);
+        project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, f->kp, (uint16_t *)mine, mine + FAST_TILE * f->kp);
         return;
     }
 #endif

@@ -43,6 +43,8 @@ class NativeMatmul:
         self._dequantize.restype = ctypes.c_int
         self._dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p,
                                      ctypes.c_int64, ctypes.c_int64]
+        # stored weights summed in 16 lanes: their results differ from the float32 copy's by float32 rounding
+        self.wide_sums = bool(library.quant_sums_wide())
         self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else the fast precision is the exact one
         self.fast = fast and self.fast_uses_tiles
         self.max_rows = max_rows

@@ -45,6 +45,10 @@ int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *
     return 0;
 }
 
+/* 1 when stored weights are summed in 16 lanes (AVX-512, quant_wide.h), 0 when in matmul.h's 8 (bit for bit the
+ * float32 copy's results). */
+int quant_sums_wide(void) { return QUANT_WIDE; }
+
 /* 1 when built with OpenMP (the tiles shared among threads), 0 when built single-threaded. */
 int built_with_openmp(void) {
 #ifdef _OPENMP

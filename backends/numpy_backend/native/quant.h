@@ -24,6 +24,8 @@ typedef struct {
     int32_t type;
 } Weights;
 
+static inline const uint8_t *weights_row(const Weights *w, int64_t r) { return w->data + r * w->row_bytes; }
+
 typedef uint8_t u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(1)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));

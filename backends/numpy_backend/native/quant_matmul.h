@@ -17,10 +17,10 @@
 
 #include "matmul.h"
 #include "quant.h"
+#include "quant_wide.h"
 
 _Static_assert(STRIP * GROUP % TILE == 0, "a group of strips is whole tiles (the buffer-less fallback)");
 
-static inline const uint8_t *weights_row(const Weights *w, int64_t r) { return w->data + r * w->row_bytes; }
 
 /* Tile t (weight rows t * TILE ..) for `pair` (1 or 2) rows of x; `type` a constant (DISPATCH_TYPE). */
 static inline __attribute__((always_inline)) void tile_pair_t(const float *x, const Weights *w, float *y,
@@ -63,6 +63,12 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
 /* Tile t for every row of x, two rows at a time (each weight dequantized once per pair). */
 static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
                            int add) {
+#if QUANT_WIDE
+    if (quant_wide_for(w->type, k)) {
+        project_tile_wide(x, w, y, m, k, n, t, add);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < m; i += 2) {
         const int64_t pair = m - i < 2 ? m - i : 2;
 #define TILE_PAIR(T) tile_pair_t(x + i * k, w, y + i * n, pair, k, n, t, add, T)
@@ -101,6 +107,12 @@ static void project_strips_q(const float *x, const Weights *w, float *y, int64_t
                               (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count);
     for (int64_t r = 0; r < count * STRIP; r++)
         dequantize_row(weights_row(w, first * STRIP + r), w->type, k, buf + r * k);
+#if QUANT_WIDE
+    if (quant_wide_for(w->type, k)) {
+        pass_strips_wide(x, buf, y, m, k, n, first, count, add, &ahead);
+        return;
+    }
+#endif
     pass_strips(x, buf, y, m, k, n, first, count, add, &ahead);
 }
 
@@ -113,7 +125,12 @@ static void project_rest_q(const float *x, const Weights *w, float *y, int64_t m
     }
     for (int64_t r = first; r < n; r++)
         for (int64_t i = 0; i < m; i++) {
+#if QUANT_WIDE
+            const float dot = quant_wide_for(w->type, k) ? row_dot_wide(x + i * k, weights_row(w, r), w->type, k)
+                                                         : row_dot_q((const vec8 *)(x + i * k), weights_row(w, r), w->type, k);
+#else
             const float dot = row_dot_q((const vec8 *)(x + i * k), weights_row(w, r), w->type, k);
+#endif
             y[i * n + r] = add ? y[i * n + r] + dot : dot;
         }
 }
