@@ -25,7 +25,12 @@ typedef int32_t vec8i __attribute__((vector_size(32)));
 typedef struct {
     int64_t heads, kv_heads, head_dim, block_size, table_stride;
     float scale;
+    int64_t kv_first, kv_count; /* the kv heads (and their query heads) to attend: 0, 0 means all */
 } DecodeShape;
+
+/* The kv heads [first, first + count) that `s` attends. */
+static inline int64_t kv_first(const DecodeShape *s) { return s->kv_count ? s->kv_first : 0; }
+static inline int64_t kv_end(const DecodeShape *s) { return s->kv_count ? s->kv_first + s->kv_count : s->kv_heads; }
 
 /* Scores of one query against 8 key rows: 8 independent FMA chains, then one hsum8. */
 static inline __attribute__((always_inline)) vec8 scores8(const vec8 *q, const vec8 *const *k, int64_t chunks) {
@@ -139,7 +144,7 @@ INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_
     for (; t + LANES <= ctx; t += LANES) {
         for (int j = 0; j < LANES; j++) rows[j] = cursor_next(&cursor);
         for (int j = 0; j < LANES; j++) prefetch_row(cursor_next(&values), s->kv_heads * s->head_dim);
-        for (int64_t h = 0; h < s->kv_heads; h++) {
+        for (int64_t h = kv_first(s); h < kv_end(s); h++) {
             for (int j = 0; j < LANES; j++) keys[j] = (const vec8 *)rows[j] + h * chunks;
             for (int64_t g = h * group; g < (h + 1) * group; g++)
                 *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks);
@@ -148,15 +153,16 @@ INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_
     for (; t < ctx; t++) {
         prefetch_row(cursor_next(&values), s->kv_heads * s->head_dim);
         const vec8 *row = (const vec8 *)cursor_next(&cursor);
-        for (int64_t h = 0; h < s->kv_heads; h++)
+        for (int64_t h = kv_first(s); h < kv_end(s); h++)
             row_scores(q + h * group * chunks, row + h * chunks, chunks, group, s->scale, scores + h * group * ctx + t,
                        ctx);
     }
 }
 
-/* Turn each head's scores (heads, ctx) into unnormalised probabilities; inv_sums gets 1 / their sums. */
-static void softmax_rows(float *scores, int64_t heads, int64_t ctx, float *inv_sums) {
-    for (int64_t h = 0; h < heads; h++) inv_sums[h] = 1.0f / exp_and_sum(scores + h * ctx, ctx);
+/* Turn the scores (heads, ctx) of query heads first..end - 1 into unnormalised probabilities; inv_sums gets
+ * 1 / their sums. */
+static void softmax_rows(float *scores, int64_t first, int64_t end, int64_t ctx, float *inv_sums) {
+    for (int64_t h = first; h < end; h++) inv_sums[h] = 1.0f / exp_and_sum(scores + h * ctx, ctx);
 }
 
 /* acc (heads * chunks vectors) = probs @ V for one sequence, in one pass over the value rows: each row is read
@@ -167,12 +173,12 @@ static void softmax_rows(float *scores, int64_t heads, int64_t ctx, float *inv_s
 INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const int32_t *table, int64_t ctx,
                             int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
                             int64_t ahead_ctx) {
-    for (int64_t i = 0; i < s->heads * chunks; i++) acc[i] = (vec8){0};
+    for (int64_t i = kv_first(s) * group * chunks; i < kv_end(s) * group * chunks; i++) acc[i] = (vec8){0};
     RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1);
     for (int64_t t = 0; t < ctx; t++) {
         if (t < ahead_ctx) prefetch_row(cursor_next(ahead), s->kv_heads * s->head_dim);
         const vec8 *row = (const vec8 *)cursor_next(&cursor);
-        for (int64_t h = 0; h < s->kv_heads; h++)
+        for (int64_t h = kv_first(s); h < kv_end(s); h++)
             for (int64_t g = 0; g < group; g++) {
                 const float p = probs[(h * group + g) * ctx + t];
                 vec8 *sums = acc + (h * group + g) * chunks;
@@ -210,7 +216,7 @@ INLINE void attend_core(const DecodeShape *s, const float *k_layer, const float 
                         int64_t ctx, int64_t group, int64_t chunks, Scratch *w) {
     RowCursor ahead = cursor_at_start(s, w->ahead_keys, w->ahead_table, w->ahead_ctx, 0);
     sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores, v_layer);
-    softmax_rows(w->scores, s->heads, ctx, w->inv_sums);
+    softmax_rows(w->scores, kv_first(s) * group, kv_end(s) * group, ctx, w->inv_sums);
     sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc, &ahead, w->ahead_ctx);
 }
 
@@ -245,7 +251,8 @@ static void attend_sequence(const DecodeShape *s, const float *q, const float *k
     prefetch_first_block(s, k_layer, table, ctx); /* the values are prefetched with the keys */
     for (int64_t i = 0; i < width; i++) w->q[i / LANES][i % LANES] = q[i];
     attend_dispatch(s, k_layer, v_layer, table, ctx, w);
-    for (int64_t h = 0; h < s->heads; h++)
+    const int64_t group = s->heads / s->kv_heads;
+    for (int64_t h = kv_first(s) * group; h < kv_end(s) * group; h++)
         for (int64_t i = 0; i < s->head_dim; i++)
             out[h * s->head_dim + i] = w->acc[(h * s->head_dim + i) / LANES][i % LANES] * w->inv_sums[h];
 }
@@ -259,22 +266,35 @@ static int64_t claim_row(int64_t *counter) {
     return row;
 }
 
-/* Attention for rows claimed from `counter` (0 at the start) until all `rows` are done: row r's query at
+/* Attention for work claimed from `counter` (0 at the start) until all `rows` are done: row r's query at
  * q + r * q_stride, its block table at tables + r * s->table_stride, its context lens[r], its output at
- * out + r * out_stride. While one row runs, the keys of the thread's next one are prefetched. */
+ * out + r * out_stride. Each row is `split` pieces of work, each piece some of its kv heads (1: whole rows):
+ * a step of fewer rows than threads splits them so that no thread idles (batch 1: one thread attended while
+ * the other waited at the barrier). While one row runs, the keys of the thread's next one are prefetched. */
 static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_stride, const float *k_layer,
                            const float *v_layer, const int32_t *tables, const int32_t *lens, float *out,
-                           int64_t out_stride, int64_t rows, int64_t *counter, Scratch *w) {
+                           int64_t out_stride, int64_t rows, int64_t split, int64_t *counter, Scratch *w) {
     int64_t next = claim_row(counter);
-    while (next < rows) {
-        const int64_t r = next;
+    while (next < rows * split) {
+        const int64_t r = next / split, part = next % split;
         next = claim_row(counter);
+        const int64_t ahead = next < rows * split && next / split != r ? next / split : -1;
         w->ahead_keys = k_layer;
-        w->ahead_table = next < rows ? tables + next * s->table_stride : NULL;
-        w->ahead_ctx = next < rows ? lens[next] : 0;
-        attend_sequence(s, q + r * q_stride, k_layer, v_layer, tables + r * s->table_stride, lens[r],
+        w->ahead_table = ahead >= 0 ? tables + ahead * s->table_stride : NULL;
+        w->ahead_ctx = ahead >= 0 ? lens[ahead] : 0;
+        DecodeShape piece = *s;
+        piece.kv_first = part * s->kv_heads / split;
+        piece.kv_count = (part + 1) * s->kv_heads / split - piece.kv_first;
+        attend_sequence(&piece, q + r * q_stride, k_layer, v_layer, tables + r * s->table_stride, lens[r],
                         out + r * out_stride, w);
     }
+}
+
+/* How many pieces each of `rows` rows is split into for `threads` threads (attend_claimed). */
+static inline int64_t attention_split(int64_t rows, int64_t threads, int64_t kv_heads) {
+    if (rows >= threads) return 1;
+    const int64_t want = (threads + rows - 1) / rows;
+    return want < kv_heads ? want : kv_heads;
 }
 
 /* 1 when the blocks a sequence of ctx tokens reads (the first ones of its table) all lie in the cache. */

@@ -113,12 +113,13 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
 static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
                         Scratch *scratch) {
     const DecodeShape shape = {m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
-                               1.0f / sqrtf((float)m->head_dim)};
+                               1.0f / sqrtf((float)m->head_dim), 0, 0};
     const int64_t q_size = m->heads * m->head_dim, width = q_size + 2 * m->kv_heads * m->head_dim;
 #pragma omp single
     a->next_row = 0; /* the single's barrier publishes it before any thread claims a row */
+    const int64_t split = attention_split(s->rows, MAX_THREADS, m->kv_heads);
     attend_claimed(&shape, a->qkv, width, layer->keys, layer->values, s->block_tables, s->context_lens, a->attn,
-                   q_size, s->rows, &a->next_row, scratch);
+                   q_size, s->rows, split, &a->next_row, scratch);
 #pragma omp barrier
 }
 

@@ -17,7 +17,7 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
                          int64_t parallel_min_tokens) {
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP)
         return -2;
-    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale};
+    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale, 0, 0};
     int64_t total;
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
@@ -34,7 +34,7 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
         }
         if (ok)
             attend_claimed(&s, q, heads * head_dim, k_layer, v_layer, block_tables, context_lens, out,
-                           heads * head_dim, batch, &next_row, &w);
+                           heads * head_dim, batch, 1, &next_row, &w);
         scratch_free(&w);
     }
     return status;
