@@ -1,7 +1,7 @@
-"""`python -m service ...` is the `pagedserve` command."""
+"""`python -m service ...` is the `pagedserve` command, with the same process defaults (service.launch)."""
 
 import sys
 
-from service.cli import main
+from service.launch import main
 
 sys.exit(main())
