@@ -113,3 +113,16 @@ def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
     chosen = exact_logits[np.arange(8), fast_logits.argmax(1)]
     assert np.all(chosen >= exact_logits.max(1) - tolerance)
     assert np.mean(fast_logits.argmax(1) == exact_logits.argmax(1)) >= 0.75
+
+
+@needs_tiles
+def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: LoadedModel) -> None:
+    """8 chat prompts decoded together (steps of 8 rows: the tiles) for 12 tokens: most continuations agree
+    token for token with the exact precision's (a projection that read stale values past its own width once
+    made every one of them differ from the second token on)."""
+    from bench.precision import agreement, greedy, prompts  # noqa: PLC0415 - the benchmark's own helpers
+
+    ids = prompts(model, 8)
+    outs = [greedy(NumpyBackend(model, "native", precision), model, ids, 12) for precision in ("exact", "fast")]
+    matched = agreement(*outs, 12).matched
+    assert sorted(matched)[len(matched) // 2] >= 6 and max(matched) == 12, matched

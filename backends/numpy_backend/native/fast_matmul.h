@@ -234,7 +234,8 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
     f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
-    const int64_t tiles = f->tiles ? FAST_TILE * f->kp / 2 + 2 * FAST_TILE * FAST_TILE : 0;
+    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
+    const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
     const int64_t strips = quant_buffer_floats(kmax);
     f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
@@ -253,7 +254,10 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if FAST_AMX
     if (f->tiles) {
-        project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, f->kp, (uint16_t *)mine, mine + FAST_TILE * f->kp);
+        /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles
+         * would hold stale values (multiplied by zeros, but a stale NaN times zero is NaN) */
+        const int64_t kp = (k + FAST_K - 1) / FAST_K * FAST_K;
+        project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, kp, (uint16_t *)mine, mine + FAST_TILE * f->kp);
         return;
     }
 #endif
