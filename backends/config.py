@@ -18,6 +18,7 @@ class BackendConfig:
     sim_profile: str = "zero"  # sim only: zero | cpu | a100 | h100 | h200
     sim_clock: str = "real"  # sim only: real (sleeps) | virtual (advances a counter)
     sim_seed: int = 0
+    sim_model: str = ""  # sim only: cost a model of this shape (llama-3.2-1b | llama-3-8b); "": the served one
     sim_faults: str = ""  # sim only: injected failures, e.g. "step_error@3,bad_token%5" (sim_backend/faults.py)
     cpu_kernels: str = "auto"  # numpy only: auto (C kernels, NumPy if no compiler) | native | numpy
     weights: str = "gguf"  # gguf: each matrix as the file stores it (where a kernel reads its type) | float32

@@ -8,9 +8,9 @@ them once at the read bandwidth (the floor for a batch-1 decode step) and the re
 (measured in a fresh process); prefill tokens/s at 512 tokens; decode step time and aggregate tokens/s at
 batch 1, 8, 32 and 64 with 256-token contexts, every mode and batch size taking turns round after round, with
 the share of each step spent in attention (and, for steps the fused C step ran, the time of its projections,
-attention and the rest); and the BLAS library and kernels that ran. It restarts itself with the NumPy backend's
-process defaults (backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are
-set. To
+attention and the rest); the scheduler's step-cost model (scheduler/step_cost.py) fitted on each mode's steps;
+and the BLAS library and kernels that ran. It restarts itself with the NumPy backend's process defaults
+(backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are set. To
 benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
 this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
 """
@@ -35,16 +35,18 @@ from threadpoolctl import threadpool_info
 import backends.numpy_backend.model as model_module
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
-from backends.model.quant import matrix_bytes
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.fused_step import STAGES
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from backends.numpy_backend.process_env import DEFAULTS, reexec_with_defaults
+from backends.step_shape import FEATURES, StepShape
+from scheduler.step_cost import fit
 
 BLOCK = 16
 CONTEXT = 256
 BATCHES = (1, 8, 32, 64)
+PREFILL = 512
 
 
 def copy_bandwidth(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
@@ -75,7 +77,7 @@ class AttentionTimer:
         return out
 
 
-def prefill_rate(backend: NumpyBackend, tokens: int = 512, repeats: int = 2) -> float:
+def prefill_rate(backend: NumpyBackend, tokens: int = PREFILL, repeats: int = 2) -> float:
     ids = list(np.random.default_rng(0).integers(20, 40000, tokens))
     seconds = []
     for _ in range(repeats):
@@ -91,6 +93,7 @@ class StepTiming:
 
     seconds: float
     parts: dict[str, float]
+    shape: StepShape
 
     @property
     def attention_share(self) -> float:
@@ -109,8 +112,9 @@ def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> Ste
     step_batch = make_batch(seqs, [[11]] * batch, BLOCK)  # the scheduler's work, not the backend's: untimed
     step = _timed(lambda: backend.execute(step_batch))
     if fused is not None and fused.last_seconds.any():
-        return StepTiming(step, dict(zip(STAGES, (float(v) for v in fused.last_seconds), strict=True)))
-    return StepTiming(step, {"attention": timer.seconds})
+        parts = dict(zip(STAGES, (float(v) for v in fused.last_seconds), strict=True))
+        return StepTiming(step, parts, StepShape.of(step_batch))
+    return StepTiming(step, {"attention": timer.seconds}, StepShape.of(step_batch))
 
 
 def blas_description() -> str:
@@ -136,7 +140,7 @@ def build_modes(names: list[str]) -> list[Mode]:
         weights, precision = MODES[name]
         backend = NumpyBackend(models[weights], "auto", precision)
         backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
-        modes.append(Mode(name, backend, _streamed_bytes(models[weights])))
+        modes.append(Mode(name, backend, models[weights].weights.streamed_bytes))
     return modes
 
 
@@ -171,7 +175,8 @@ def decode_tables(modes: list[Mode], repeats: int, timer: AttentionTimer) -> dic
 
 def _median(timings: list[StepTiming]) -> StepTiming:
     return StepTiming(statistics.median(t.seconds for t in timings),
-                      {part: statistics.median(t.parts.get(part, 0.0) for t in timings) for part in timings[0].parts})
+                      {part: statistics.median(t.parts.get(part, 0.0) for t in timings) for part in timings[0].parts},
+                      timings[0].shape)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,12 +198,30 @@ def main(argv: list[str] | None = None) -> None:
           f"{'AMX tiles' if NativeMatmul(fast=True).fast else 'no AMX here: the exact kernels'}")
     print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
     rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
+    prefill = {}
     for mode in modes:
+        prefill[mode.name] = prefill_rate(mode.backend)
         print(f"{mode.name:>10}: streamed per decode step {mode.streamed / 1e6:.0f} MB -> floor "
               f"{mode.streamed / read * 1e3:.1f} ms at the read bandwidth; weights resident "
-              f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at 512 tokens {prefill_rate(mode.backend):.0f} tokens/s")
+              f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at {PREFILL} tokens {prefill[mode.name]:.0f} tokens/s")
     tables = decode_tables(modes, args.repeats, timer)
     print_tables(modes, tables, read)
+    print_cost_fits(modes, tables, prefill)
+
+
+def print_cost_fits(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], prefill: dict[str, float]
+                    ) -> None:
+    """The scheduler's step-cost model fitted on each mode's measured steps (the decode steps above and the
+    prefill), from the backend's guess: what an ITL target plans with on this machine."""
+    pairs = PREFILL * (PREFILL + 1) // 2
+    for mode in modes:
+        steps = [(t.shape, t.seconds) for t in tables[mode.name].values()]
+        steps.append((StepShape(PREFILL, 1, PREFILL, pairs), PREFILL / prefill[mode.name]))
+        prior = mode.backend.cost_prior()
+        x = np.array([shape.features(prior.large_above) for shape, _ in steps])
+        fitted = fit(x, np.array([s for _, s in steps]), prior, 2.0, 64.0)
+        per = ", ".join(f"{name} {value * 1e3:.4g}" for name, value in zip(FEATURES, fitted.values(), strict=True))
+        print(f"{mode.name:>10} step-cost fit, ms per {per}")
 
 
 def print_tables(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], read: float) -> None:
@@ -211,13 +234,6 @@ def print_tables(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], re
             parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
             print(f"{mode.name:>10} {batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {ratio:>12.2f} "
                   f"{timing.attention_share * 100:>7.1f} {timing.seconds / (mode.streamed / read):>10.2f}   {parts}")
-
-
-def _streamed_bytes(model: Any) -> int:
-    """Bytes a decode step must read: every layer matrix and the output head (not the embedding rows)."""
-    w = model.weights
-    return int(sum(matrix_bytes(a) for layer in w.layers for a in vars(layer).values()) + matrix_bytes(w.lm_head)
-               + w.final_norm.nbytes)
 
 
 if __name__ == "__main__":

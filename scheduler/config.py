@@ -1,4 +1,5 @@
-"""The scheduler package's configuration: batching policy, budgets, queue bounds and the preemption bound."""
+"""The scheduler package's configuration: batching policy, budgets, queue bounds, the preemption bound and the
+inter-token-latency target."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ class SchedulerConfig:
     # Times a sequence may lose its KV blocks and be recomputed; the next preemption fails its request
     # (503 kv_cache_exhausted) rather than recomputing it again: the cache is too small for the load.
     max_preemptions: int = 8
+    # While sequences decode, prefill is cut so that a step's predicted time (scheduler/step_cost.py) stays
+    # within this many ms: the stall every decoding stream sees when a prompt is prefilled beside it. 0: off,
+    # prefill takes whatever max_num_batched_tokens leaves.
+    itl_target_ms: float = 0.0
+    min_prefill_chunk: int = 32  # tokens a step's first prompt chunk always gets, however tight the target
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -30,3 +36,7 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_preemptions < 0:
             raise ValueError("max_preemptions must be non-negative")
+        if not self.itl_target_ms >= 0:
+            raise ValueError(f"itl_target_ms must be 0 (off) or positive, not {self.itl_target_ms}")
+        if self.min_prefill_chunk < 1:
+            raise ValueError("min_prefill_chunk must be positive")

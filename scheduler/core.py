@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.base import StepOutput
+from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
 from scheduler.errors import (
@@ -32,6 +33,7 @@ from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler, SchedulerPlan, StepUpdates
 from scheduler.sequence import SequenceStatus
 from scheduler.step_check import out_of_vocabulary
+from scheduler.step_cost import StepCostModel
 from telemetry.interface import (
     EngineObserver,
     NullObserver,
@@ -42,6 +44,12 @@ from telemetry.interface import (
 )
 
 log = logging.getLogger("pagedserve.engine")
+
+
+def backend_prior(backend: object) -> CostCoefficients:
+    """The backend's first guess at its step times (cost_prior()), or nothing known: all zeros."""
+    prior = getattr(backend, "cost_prior", None)
+    return prior() if callable(prior) else CostCoefficients()
 
 
 @dataclass(frozen=True)
@@ -55,13 +63,15 @@ class EngineStats:
 class EngineCore:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tokenizer: TokenizerLike, *,
                  max_model_len: int, observer: EngineObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, cost: StepCostModel | None = None) -> None:
         self.config = config
         self.kv = kv
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
         self.max_model_len = max_model_len
-        self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids))
+        self.cost = cost if cost is not None else StepCostModel(CostCoefficients())
+        self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids), self.cost)
+        self._planned_at = 0.0  # when the step being run was planned: its time runs from there to its tokens
         self.observer: EngineObserver = observer or NullObserver()
         self._observes_steps = observes_steps(self.observer)
         self.clock = clock
@@ -71,11 +81,14 @@ class EngineCore:
 
     @classmethod
     def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: object, tokenizer: TokenizerLike,
-                    *, max_model_len: int, observer: EngineObserver | None = None) -> EngineCore:
-        """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic."""
+                    *, max_model_len: int, observer: EngineObserver | None = None,
+                    cost: StepCostModel | None = None) -> EngineCore:
+        """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic;
+        its step-cost model `cost`, else one seeded with the backend's guess (cost_prior()) when it has one."""
         clock = getattr(backend, "clock", None)
         return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
-                   clock=clock.now if clock is not None else time.monotonic)
+                   clock=clock.now if clock is not None else time.monotonic,
+                   cost=cost if cost is not None else StepCostModel(backend_prior(backend)))
 
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:
@@ -158,6 +171,7 @@ class EngineCore:
         return self.scheduler.has_work
 
     def plan(self) -> SchedulerPlan:
+        self._planned_at = self.clock()
         plan = self.scheduler.schedule()
         now = self.clock()
         for seq in plan.preempted:
@@ -200,10 +214,13 @@ class EngineCore:
         end = self.clock()
         touched, ending, broken = apply_updates(self.requests, updates, self.scheduler)
         counts, firsts = self._publish(touched, end)
+        seconds = end - self._planned_at
+        if plan.shape is not None:
+            self.cost.observe(plan.shape, seconds, plan.predicted_s, plan.mixed)
         if self._observes_steps:
             tokens = StepTokens(plan.step_id, end, len(plan.seqs), plan.prefill_tokens, list(touched), counts,
                                 firsts)
-            self.observer.step_finished(self._step_record(plan, started, end), tokens)
+            self.observer.step_finished(self._step_record(plan, started, end, seconds), tokens)
         for state in ending.values():
             if state.finished:
                 self._close(state, None)
@@ -252,14 +269,15 @@ class EngineCore:
             len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,
             state.first_scheduled, state.first_token, error))
 
-    def _step_record(self, plan: SchedulerPlan, started: float, end: float) -> StepRecord:
+    def _step_record(self, plan: SchedulerPlan, started: float, end: float, seconds: float) -> StepRecord:
         kv = self.kv.stats()
         chunks = tuple((plan.seqs[i].request_id, int(plan.counts[i])) for i in plan.prefill)
         return StepRecord(plan.step_id, started, end, len(plan.seqs), plan.prefill_tokens,
                           plan.decode_tokens, kv.usage, len(self.scheduler.running),
                           len(self.scheduler.waiting), len(plan.preempted),
                           tuple(dict.fromkeys(seq.request_id for seq in plan.seqs)),
-                          kv.prefix_queries, kv.prefix_hits, chunks)
+                          kv.prefix_queries, kv.prefix_hits, chunks, seconds, plan.predicted_s,
+                          self.cost.named_coefficients, self.cost.headroom)
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.requests),

@@ -25,6 +25,7 @@ from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from scheduler.scheduler import SchedulerPlan
 from scheduler.step_check import BadStepOutputError
+from scheduler.step_cost import StepCostModel
 from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
 from telemetry.interface import EngineObserver
 
@@ -40,10 +41,12 @@ class EngineFailedError(Exception):
 class Engine:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
-                 step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> None:
-        """step_timeout_s: the watchdog's limit on one step (0: none)."""
+                 step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
+                 cost: StepCostModel | None = None) -> None:
+        """step_timeout_s: the watchdog's limit on one step (0: none); cost: the step-cost model (a calibrated
+        one; else one seeded with the backend's guess)."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer)
+                                           observer=observer, cost=cost)
         self.backend = backend
         self._runner = StepRunner(backend.execute, inline=bool(getattr(backend, "step_is_instant", False)),
                                   timeout_s=step_timeout_s)

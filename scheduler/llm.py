@@ -12,6 +12,7 @@ from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
+from scheduler.step_cost import StepCostModel
 from telemetry.interface import EngineObserver
 
 
@@ -19,9 +20,10 @@ class LLM:
     """Drives the same engine core synchronously: plan, execute on the backend, commit, until done."""
 
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
-                 tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None) -> None:
+                 tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
+                 cost: StepCostModel | None = None) -> None:
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer)
+                                           observer=observer, cost=cost)
         self.backend = backend
         self._ids = itertools.count()
 

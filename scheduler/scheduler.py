@@ -29,14 +29,19 @@ from functools import cached_property
 import numpy as np
 
 from backends.base import LongArray, SamplingInputs, StepBatch, StepOutput
+from backends.step_shape import StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import Samples, ScheduledSeq, StepColumns, StepWork, build_step_batch, lay_out
 from scheduler.block_table import Index
 from scheduler.config import SchedulerConfig
 from scheduler.outputs import TokenLogprob
 from scheduler.persistent_batch import PersistentBatch
+from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
+
+AIM = 0.97  # of the ITL target, divided by the cost model's headroom: what prefill may fill a step up to
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,13 @@ class SchedulerPlan:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     sample_state: SampleState | None = None
+    shape: StepShape | None = None  # what the step does, for the cost model (None without one)
+    predicted_s: float = 0.0  # the cost model's prediction of its time when planned
+
+    @property
+    def mixed(self) -> bool:
+        """Prompt tokens beside decode tokens: the steps whose size an ITL target decides."""
+        return self.prefill_tokens > 0 and self.decode_tokens > 0
 
     @cached_property
     def scheduled(self) -> list[ScheduledSeq]:
@@ -84,9 +96,10 @@ class StepUpdates:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
-                 eos_ids: frozenset[int]) -> None:
+                 eos_ids: frozenset[int], cost: StepCostModel | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.cost = cost  # predicts each step's time; with itl_target_ms, sizes prefill to fit the target
         # The longest a sequence may grow: the context, or the whole pool when that holds fewer tokens (a
         # sequence that outgrew the pool would preempt itself forever). Reaching it ends it with "length".
         self.max_seq_len = min(max_model_len, kv.max_sequence_tokens)
@@ -133,29 +146,36 @@ class Scheduler:
         self._step_id += 1
         work = StepWork()
         evicted: list[Sequence] = []
-        budget = self._schedule_running(self.config.max_num_batched_tokens, work, evicted)
+        time = self._prefill_time()
+        budget = self._schedule_running(self.config.max_num_batched_tokens, work, evicted, time)
         if not evicted and self._may_admit():
-            self._admit(budget, work)
+            self._admit(budget, work, time)
         copies = self.kv.take_block_copies()
         preempted, failed = _split_evicted(evicted) if evicted else (evicted, [])
         if not work.seqs:
             return SchedulerPlan(self._step_id, None, preempted=preempted, failed=failed)
         return self._plan(work, copies, preempted, failed)
 
-    def _schedule_running(self, budget: int, work: StepWork, evicted: list[Sequence]) -> int:
+    def _schedule_running(self, budget: int, work: StepWork, evicted: list[Sequence], time: PrefillTime | None
+                          ) -> int:
         """Running sequences in order until the budget is spent: a decode token each, or a prompt chunk."""
         if not self.running:
             return budget
         ids, rows = self._running_index()
         lists = [s.token_ids for s in self.running]
         starts, num_tokens = self.rows.tokens.computed[rows], self.rows.tokens.known[rows]
-        counts = _budgeted(num_tokens - starts, budget)
+        needs = num_tokens - starts
+        if time is not None:
+            needs = _timed_chunks(needs, starts, budget, time)
+        counts = _budgeted(needs, budget)
         count_list = counts.tolist()
         k = self._append_running(ids, rows, lists, count_list, evicted)
         work.seqs, work.seq_ids, work.token_lists = self.running[:k], list(ids[:k]), lists[:k]
         work.running = StepColumns(rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32),
                                    num_tokens[:k])
-        for seq, count in zip(work.seqs, count_list, strict=False):  # count_list may go past k
+        if time is not None and not counts[:k].all():  # prompts the target left out of this step
+            _drop_idle(work)
+        for seq, count in zip(work.seqs, work.running.counts.tolist(), strict=True):
             seq.num_computed_tokens += count  # the backend computes them before the next plan
         return budget - int(counts[:k].sum())
 
@@ -184,7 +204,7 @@ class Scheduler:
                            np.array([index[s.seq_id] for s in self.running], np.int64))
         return self._index[1], self._index[2]
 
-    def _admit(self, budget: int, work: StepWork) -> None:
+    def _admit(self, budget: int, work: StepWork, time: PrefillTime | None) -> None:
         if not self.waiting:
             return
         # Choices still to fork hold their seats already, so forking never overfills a step.
@@ -195,8 +215,9 @@ class Scheduler:
             if seats > self.config.max_num_seqs:
                 return
             cached = self.kv.num_cached_tokens(seq.token_ids)
-            count = min(seq.num_tokens - cached, budget)
-            if not self.kv.can_allocate(seq.token_ids, cached + count):
+            need = seq.num_tokens - cached
+            count = min(need, budget) if time is None else time.chunk(need, cached, budget)
+            if count == 0 or not self.kv.can_allocate(seq.token_ids, cached + count):
                 return
             self._admit_one(self.waiting.popleft(), cached + count, work)
             budget -= count
@@ -222,9 +243,11 @@ class Scheduler:
                                  self._sampling(samples, param_rows), copies)
         prefill_tokens = int(cols.counts[layout.prefill].sum())
         state = SampleState(param_rows, cols.num_tokens[samples.batch_rows], samples.forks, self.rows.version)
+        shape = None if self.cost is None else StepShape.of(batch)
         return SchedulerPlan(self._step_id, batch, work.seqs, cols.starts, cols.counts, samples.seqs, preempted,
                              failed, work.admitted, tuple(layout.prefill.tolist()), prefill_tokens,
-                             batch.num_tokens - prefill_tokens, state)
+                             batch.num_tokens - prefill_tokens, state, shape,
+                             0.0 if shape is None or self.cost is None else self.cost.predict(shape))
 
     def _sampling(self, samples: Samples, param_rows: Index) -> SamplingInputs | None:
         if not samples.seqs:
@@ -234,6 +257,23 @@ class Scheduler:
 
     def _may_admit(self) -> bool:
         return self.config.batching == "continuous" or not self._batch_decoding
+
+    def _prefill_time(self) -> PrefillTime | None:
+        """The target's time left for prefill after the decode part, when a target is set and someone decodes
+        (with nobody decoding, prefill stalls no one and runs at the full token budget)."""
+        if self.cost is None or self.config.itl_target_ms <= 0 or not self.running:
+            return None
+        _, rows = self._running_index()
+        tokens = self.rows.tokens
+        starts, known = tokens.computed[rows], tokens.known[rows]
+        decoding = (known - starts == 1)
+        if not (decoding & (known > tokens.prompt_lens[rows])).any():
+            return None
+        n, context = int(decoding.sum()), int((starts[decoding] + 1).sum())
+        decode = self.cost.coefficients.seconds(StepShape(n, n, context, context))
+        # The planner fills steps up to the limit, so a fit 1 % low would put most of them just over: aim under.
+        limit = AIM * self.config.itl_target_ms / 1e3 / self.cost.headroom
+        return PrefillTime(self.cost.coefficients, limit, decode, n, self.config.min_prefill_chunk)
 
     # --- applying a step's results ---------------------------------------------------------------
     def update(self, plan: SchedulerPlan, output: StepOutput) -> StepUpdates:
@@ -346,6 +386,31 @@ def _budgeted(needs: LongArray, budget: int) -> LongArray:
     before = np.cumsum(needs) - needs  # budget handed out ahead of each
     served = int(np.count_nonzero(before < budget))
     return np.minimum(needs[:served], budget - before[:served])
+
+
+def _timed_chunks(needs: LongArray, starts: LongArray, budget: int, time: PrefillTime) -> LongArray:
+    """The running sequences' needs with each prompt chunk cut to the time left (decode tokens untouched); a
+    prompt that gets none sits this step out (the first always gets its minimum chunk)."""
+    prompts = np.flatnonzero(needs > 1)
+    if prompts.size == 0:
+        return needs
+    needs = needs.copy()
+    tokens_left = budget - int(np.count_nonzero(needs == 1))
+    for i in prompts.tolist():
+        needs[i] = time.chunk(int(needs[i]), int(starts[i]), tokens_left)
+        tokens_left -= int(needs[i])
+    return needs
+
+
+def _drop_idle(work: StepWork) -> None:
+    """Leave out of the step the running sequences given no tokens."""
+    cols = work.running
+    keep = np.flatnonzero(cols.counts > 0)
+    index = keep.tolist()
+    work.seqs = [work.seqs[i] for i in index]
+    work.seq_ids = [work.seq_ids[i] for i in index]
+    work.token_lists = [work.token_lists[i] for i in index]
+    work.running = StepColumns(cols.rows[keep], cols.starts[keep], cols.counts[keep], cols.num_tokens[keep])
 
 
 def _running_only(seqs: list[Sequence], tokens: list[int]) -> tuple[list[int], list[Sequence], list[int]]:

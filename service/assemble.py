@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +13,19 @@ from backends.base import Backend
 from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
 from backends.registry import create_backend
 from kvpool import KVCacheManager, KVSpec
+from scheduler.calibration import calibrate
+from scheduler.core import backend_prior
 from scheduler.engine import Engine
 from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
+from scheduler.step_cost import StepCostModel
 from service.config import AppConfig
 from service.state import Runtime
 from service.telemetry_setup import telemetry_config
 from telemetry import Telemetry
 from telemetry.interface import EngineObserver
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,29 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     return ModelParts(files, backend, kv, max_len)
 
 
-def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None) -> Engine:
+def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None,
+                 cost: StepCostModel | None = None) -> Engine:
     return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
-                  max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s)
+                  max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s,
+                  cost=cost)
+
+
+def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
+    """The step-cost model, fitted on a second of warm-up steps when an ITL target will use it (blocking).
+    A calibration that fails leaves the backend's guess, which serving then corrects: it is worth a warning,
+    not a server that will not start."""
+    cost = StepCostModel(backend_prior(parts.backend))
+    if config.scheduler.itl_target_ms <= 0:
+        return cost
+    try:
+        done = calibrate(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), parts.max_model_len, cost)
+    except Exception as exc:  # noqa: BLE001 - any failure: serve on the guess
+        log.warning("step-cost calibration failed (%s: %s); the ITL target starts from the backend's guess",
+                    type(exc).__name__, exc)
+    else:
+        fitted = ", ".join(f"{name} {value * 1e3:.4g} ms" for name, value in cost.named_coefficients)
+        log.info("step-cost model calibrated on %d steps in %.1f s: per %s", done.steps, done.seconds, fitted)
+    return cost
 
 
 def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
@@ -68,6 +94,7 @@ def _tokenizer(parts: ModelParts) -> TokenizerLike:
 async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> Runtime:
     """The server's default RuntimeBuilder: load off the event loop, then make the engine on it."""
     parts = await asyncio.to_thread(build_parts, config, files)
+    cost = await asyncio.to_thread(calibrated_cost, config, parts)
     telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
-    engine = build_engine(config, parts, observer=telemetry)
+    engine = build_engine(config, parts, observer=telemetry, cost=cost)
     return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry)

@@ -29,6 +29,12 @@ class StepRecord:
     prefix_hits: int = 0
     # (request id, prompt tokens it prefilled in this step) for each request the step prefilled a chunk of.
     prefill_chunks: tuple[tuple[str, int], ...] = ()
+    # The step-cost model: the step's time from planning to its tokens out, what the model predicted when it
+    # was planned (0: no prediction), and the model's coefficients by name (seconds per unit) and headroom.
+    seconds: float = 0.0
+    predicted_s: float = 0.0
+    cost_coefficients: tuple[tuple[str, float], ...] = ()
+    cost_headroom: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02
 E2E_BUCKETS = REQUEST_LATENCY_BUCKETS + (160.0, 320.0, 640.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 STEP_TOKEN_BUCKETS = BATCH_BUCKETS + (2048, 4096, 8192)
+# measured / predicted step time: 1 is a perfect prediction; over 1, the step ran longer than planned.
+PREDICTION_RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0)
 FINISH_REASONS = ("stop", "length", "abort")
 REJECT_REASONS = ("queue_full",)
 
@@ -94,6 +96,7 @@ class TelemetryMetrics(Collector):
                                     "cause", CAUSES)
         self.step_failures = Labelled("engine_step_failures", "Engine steps that failed (their requests failed)",
                                       "cause", STEP_FAILURE_CAUSES)
+        self.cost_coefficients: tuple[tuple[str, float], ...] = ()
         self._drop_lock = threading.Lock()  # drops are counted from two threads
         self.registry.register(self)
 
@@ -112,6 +115,8 @@ class TelemetryMetrics(Collector):
             Histogram("engine_step_duration_seconds", "Wall time of one engine step", TOKEN_LATENCY_BUCKETS),
             Histogram("engine_step_batch_size", "Sequences in one engine step", BATCH_BUCKETS),
             Histogram("engine_step_tokens", "Tokens computed in one engine step", STEP_TOKEN_BUCKETS),
+            Histogram("step_cost_prediction_ratio", "Per engine step: its measured time / the step-cost model's "
+                      "prediction when it was planned", PREDICTION_RATIO_BUCKETS),
         )}
 
     def describe(self) -> Iterator[Metric]:
@@ -126,6 +131,12 @@ class TelemetryMetrics(Collector):
             yield GaugeMetricFamily(PREFIX + name, GAUGES[name], value=value)
         for labelled in (self.success, self.rejections, self.slow_tokens, self.step_failures):
             yield labelled.family()
+        if self.cost_coefficients:
+            cost = GaugeMetricFamily(PREFIX + "step_cost_seconds", "The step-cost model's fitted seconds per "
+                                     "step, token, sampled row, KV token read and attention pair", labels=["per"])
+            for name, value in self.cost_coefficients:
+                cost.add_metric([name], value)
+            yield cost
 
     def render(self) -> bytes:
         """The Prometheus text exposition of the registry (serve with CONTENT_TYPE)."""
@@ -171,6 +182,10 @@ class TelemetryMetrics(Collector):
         histograms["engine_step_duration_seconds"].observe(step.end - step.start)
         histograms["engine_step_batch_size"].observe(step.num_seqs)
         histograms["engine_step_tokens"].observe(step.prefill_tokens + step.decode_tokens)
+        if step.predicted_s > 0 and step.seconds > 0:
+            histograms["step_cost_prediction_ratio"].observe(step.seconds / step.predicted_s)
+            self.cost_coefficients = step.cost_coefficients
+            gauges["step_cost_headroom"] = step.cost_headroom
         # cumulative in the engine: they only grow, except after a reset of the pool's counters
         self.counters["prefix_cache_queries"] = max(self.counters["prefix_cache_queries"], step.prefix_queries)
         self.counters["prefix_cache_hits"] = max(self.counters["prefix_cache_hits"], step.prefix_hits)
@@ -207,4 +222,6 @@ GAUGES = {
     "num_requests_running": "Requests in the running batch",
     "num_requests_waiting": "Requests waiting to be scheduled",
     "kv_cache_usage_ratio": "Share of KV cache blocks in use (0..1)",
+    "step_cost_headroom": "The factor the scheduler divides its ITL target by: recent steps' measured / "
+                          "predicted time, high quantile, at least 1",
 }

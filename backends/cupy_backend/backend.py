@@ -23,7 +23,9 @@ from backends.cupy_backend.projections import Projections
 from backends.cupy_backend.quant_ops import QuantKernels
 from backends.cupy_backend.step_inputs import upload_sampling, upload_step
 from backends.cupy_backend.storage import storage_for
+from backends.model.quant import QuantMatrix
 from backends.sampling import SampleResult, sample
+from backends.step_shape import CostCoefficients, ModelShape
 
 if TYPE_CHECKING:
     from backends.model.config import ModelConfig
@@ -40,10 +42,22 @@ class CupyBackend:
         self.storage = storage_for(dtype)
         self.gemm = gemm if gemm is not None else choose_gemm(device.xp, self.storage)
         self.weights = upload_weights(device.xp, self.storage, config, weights)
+        self.quantized = any(isinstance(m, QuantMatrix) for layer in weights.layers for m in vars(layer).values())
         kernels = Kernels(device.xp, device.launcher, self.storage, partition_size)
         proj = Projections(self.gemm, QuantKernels(device.xp, device.launcher, self.storage))
         self.forward = Forward(config, self.weights, kernels, proj)
         self._cache: DeviceKVCache | None = None
+
+    def cost_prior(self) -> CostCoefficients:
+        """A first guess at step times for a datacenter GPU driven from Python (1 TB/s, 100 TFLOP/s, 5 ms of
+        launches a step: measured on an H200, a small model's step is launch-bound), cautious on purpose; the
+        server's warm-up calibration and then every served step correct it."""
+        shape, itemsize = ModelShape.of(self.config), self.storage.itemsize
+        kv_bytes, dense = shape.kv_elements_per_token * itemsize, shape.streamed_params * itemsize
+        # stored quantized weights: a step of more rows than the GEMV takes makes a transient dense copy
+        return CostCoefficients.roofline(shape, dense, kv_bytes, bandwidth=1e12, flops=100e12, overhead_s=5e-3,
+                                         large_s=2 * dense / 1e12 if self.quantized else 0.0,
+                                         large_above=launch.QUANT_GEMV_MAX_ROWS if self.quantized else 0)
 
     @property
     def kv_geometry(self) -> KVGeometry:

@@ -44,6 +44,12 @@ class ModelWeights:
     dequantized: tuple[str, ...] = ()
 
     @property
+    def streamed_bytes(self) -> int:
+        """Bytes a decode step reads: every layer matrix and the output head (not the embedding rows)."""
+        arrays = [a for layer in self.layers for a in vars(layer).values()]
+        return sum(matrix_bytes(a) for a in (*arrays, self.lm_head, self.final_norm))
+
+    @property
     def num_bytes(self) -> int:
         arrays: list[Matrix] = [self.embedding, self.final_norm, self.lm_head]
         arrays += [a for layer in self.layers for a in vars(layer).values()]

@@ -14,6 +14,7 @@ from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.model import LlamaForward
 from backends.sampling import sample
+from backends.step_shape import CostCoefficients, ModelShape
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,18 @@ class NumpyBackend:
         self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
         self._cache: PagedKVCache | None = None
+
+    def cost_prior(self) -> CostCoefficients:
+        """A first guess at step times for a small CPU (20 GB/s, 50 GFLOP/s, 2 ms of Python a step), cautious
+        on purpose; the server's warm-up calibration and then every served step correct it. A step of more
+        tokens than the fused C step takes runs layer by layer with BLAS, which first writes a float32 copy of
+        each matrix it multiplies: a fixed cost of its own."""
+        cfg, shape, bandwidth = self.model.config, ModelShape.of(self.model.config), 20e9
+        kv_bytes = 2 * cfg.num_layers * cfg.kv_size * self.kv_geometry.dtype_bytes
+        fused = self.forward.fused_step
+        return CostCoefficients.roofline(shape, self.model.weights.streamed_bytes, kv_bytes, bandwidth, flops=50e9,
+                                         overhead_s=2e-3, large_s=4 * shape.streamed_params / bandwidth,
+                                         large_above=fused.max_rows if fused is not None else 0)
 
     @property
     def kv_geometry(self) -> KVGeometry:

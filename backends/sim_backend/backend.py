@@ -12,6 +12,7 @@ from backends.sim_backend.faults import Fault, FaultInjector, InjectedFault
 from backends.sim_backend.logprobs import pseudo_logprobs
 from backends.sim_backend.profiles import HardwareProfile
 from backends.sim_backend.tokens import pick, row_hashes
+from backends.step_shape import CostCoefficients
 
 
 class SimBackend:
@@ -31,6 +32,14 @@ class SimBackend:
         self.block_size = 0
         self.last_cost: StepCost | None = None
         self.faults = FaultInjector(faults, seed)
+
+    def use_profile(self, profile: HardwareProfile) -> None:
+        """Steps cost what `profile` says from now on (a machine that slows down or speeds up mid-run)."""
+        self.profile, self.cost_model = profile, CostModel(self.config, profile)
+
+    def cost_prior(self) -> CostCoefficients:
+        """The scheduler's first guess at step times: this profile's roofline, linearized."""
+        return self.cost_model.coefficients()
 
     @property
     def step_is_instant(self) -> bool:

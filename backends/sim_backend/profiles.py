@@ -8,8 +8,11 @@ copies, the sampling sync), paid however small the batch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+
+from backends.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,26 @@ def get_profile(name: str) -> HardwareProfile:
     if name not in PROFILES:
         raise ValueError(f"unknown sim profile '{name}' (choose from {', '.join(PROFILES)})")
     return PROFILES[name]
+
+
+# Model shapes the simulator can cost instead of the served model's (its tokenizer still draws the tokens):
+# capacity planning for a bigger model on a GPU, without its weights. Sizes from the models' published configs.
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "llama-3.2-1b": {"num_layers": 16, "hidden_size": 2048, "intermediate_size": 8192, "num_heads": 32,
+                     "num_kv_heads": 8, "head_dim": 64, "vocab_size": 128256},
+    "llama-3-8b": {"num_layers": 32, "hidden_size": 4096, "intermediate_size": 14336, "num_heads": 32,
+                   "num_kv_heads": 8, "head_dim": 128, "vocab_size": 128256},
+}
+
+
+def shaped(config: ModelConfig, shape: str) -> ModelConfig:
+    """`config` with the sizes of the named model shape ("" keeps the served model's)."""
+    if not shape:
+        return config
+    if shape not in MODEL_SHAPES:
+        raise ValueError(f"unknown sim model shape '{shape}' (choose from {', '.join(MODEL_SHAPES)})")
+    sizes = MODEL_SHAPES[shape]
+    return dataclasses.replace(
+        config, name=shape, num_layers=sizes["num_layers"], hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"], num_heads=sizes["num_heads"],
+        num_kv_heads=sizes["num_kv_heads"], head_dim=sizes["head_dim"], vocab_size=sizes["vocab_size"])

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 SECTION = "## Experiments"
-ORDER = ("intro", "batching", "kv-layout", "frontier", "prefix-caching", "cross-check")  # blocks appear in this order
+# blocks appear in this order
+ORDER = ("intro", "batching", "kv-layout", "frontier", "prefix-caching", "cross-check", "itl-target")
 INTRO = """\
 `pagedserve bench` is the load generator used here: a pure HTTP client for any OpenAI-compatible server
 (this one, vLLM, llama.cpp's `llama-server`), streaming `/v1/completions` or `/v1/chat/completions`:

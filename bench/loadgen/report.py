@@ -35,8 +35,15 @@ def format_summary(s: Summary) -> str:
     lines = [RULE, *(f"{k + ':':<38}{v}" for k, v in rows)]
     for name, stats in (("TTFT", s.ttft_ms), ("TPOT", s.tpot_ms), ("ITL", s.itl_ms), ("E2E", s.e2e_ms)):
         lines.append(_stats_line(name, stats))
+    lines.append(f"{'Stalls:':<12}ITL p99 / TPOT p50 {_num(stall_ratio(s))}  (1 is a steady stream; a prompt "
+                 "prefilled beside the others raises it)")
     lines.append(RULE)
     return "\n".join(lines)
+
+
+def stall_ratio(s: Summary) -> float:
+    """How much longer the worst gaps between tokens (ITL p99) are than a stream's typical pace (TPOT p50)."""
+    return s.itl_ms.p99 / s.tpot_ms.p50 if s.tpot_ms.p50 else math.nan
 
 
 def _stats_line(name: str, st: Stats) -> str:

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from backends.model.loader import ModelFiles, open_model
-from backends.sim_backend import CostModel, StepWork, get_profile
+from backends.sim_backend import CostModel, get_profile
+from backends.step_shape import StepShape
 from bench.loadgen.measure import Measurement, Options, measure
 from bench.loadgen.spec import Bounds, LoadShape, RequestSpec, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload, SharedPrefixWorkload
@@ -72,8 +73,8 @@ def test_measured_ttft_and_itl_equal_the_injected_step_times(model_files: ModelF
         server.close()
     cost = CostModel(model_files.config, get_profile("cpu"))
     prompt = m.requests[0].prompt_tokens
-    prefill = cost.cost(StepWork(prompt, 1, prompt, prompt * (prompt + 1) // 2)).seconds
-    decode = statistics.fmean(cost.cost(StepWork(1, 1, prompt + i, prompt + i)).seconds for i in range(1, 6))
+    prefill = cost.cost(StepShape(prompt, 1, prompt, prompt * (prompt + 1) // 2)).seconds
+    decode = statistics.fmean(cost.cost(StepShape(1, 1, prompt + i, prompt + i)).seconds for i in range(1, 6))
     ttft = statistics.median(r.ttft for r in m.requests if r.ttft is not None)
     itl = statistics.median(g for r in m.requests for g in r.itls)
     assert m.summary.itl_ms.count == 15

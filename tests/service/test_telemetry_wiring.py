@@ -79,3 +79,20 @@ def test_record_content_puts_each_prompt_in_its_request_span(model_files: ModelF
     chat_prompt = next(p[0] for op, p in by_operation if op == "chat")
     assert len(spans) == 3 and {p for op, p in by_operation if op == "text_completion"} == {("first",), ("second",)}
     assert "<|im_start|>user\nsecret chat" in chat_prompt  # as the model saw it, chat template applied
+
+
+def test_metrics_carry_the_step_cost_model(model_files: ModelFiles) -> None:
+    config = sim_config(ServiceConfig(port=0), profile="h200", itl_target_ms=50.0)
+    server = LiveServer.start(config, cached_builder(model_files))
+    try:
+        assert post(f"{server.url}/v1/completions", {"prompt": "Hello there", "max_tokens": 5}).status == 200
+        _flush(server)
+        metrics = request("GET", f"{server.url}/metrics").body.decode()
+    finally:
+        server.close()
+    counts = [line for line in metrics.splitlines() if line.startswith("pagedserve:step_cost_prediction_ratio_count")]
+    assert counts and float(counts[0].split()[-1]) >= 5  # a prefill step and four decode steps, at least
+    assert 'pagedserve:step_cost_prediction_ratio_bucket{le="1.05"}' in metrics
+    for per in ("step", "token", "sampled", "context", "pair"):
+        assert f'pagedserve:step_cost_seconds{{per="{per}"}}' in metrics
+    assert "pagedserve:step_cost_headroom " in metrics

@@ -1,0 +1,164 @@
+"""The ITL target's trade: stalls (ITL p99) against time to first token and throughput, swept over
+`--itl-target-ms`, on the NumPy backend over HTTP and on the sim backend's H100 profile.
+
+    python -m bench.experiments.itl_target [--scale 1] [--rounds 2] [--skip-numpy] [--no-doc] [--no-progress]
+
+NumPy: one `pagedserve serve` per target (0 = off: the fixed token budget), all started first; 16 closed-loop
+clients, 256-token random prompts, 128 output tokens; the targets take turns round after round, so a host that
+speeds up or slows down moves them alike, and each point pools its rounds. Sim: the engine stepped on the
+virtual clock (bench/closed_loop_sim.py) for a Llama-3-8B shape on the h100 profile with the throughput preset
+(max_num_seqs 256, 8192-token budget): 64 clients, 1024-token prompts, 128 output tokens; exact and
+deterministic, so one round. Writes docs/results/itl-target.{json,png} and its block of PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from backends.model.loader import open_model
+from bench.closed_loop_sim import Load, SimResult, simulate
+from bench.experiments.common import Provenance, Setup, parser, publish, save, setup_of
+from bench.experiments.doc import table
+from bench.experiments.server import Server
+from bench.loadgen.measure import Measurement, Options, measure
+from bench.loadgen.plot import pyplot
+from bench.loadgen.progress import LineProgress, NoProgress
+from bench.loadgen.spec import Bounds, LoadShape, Target
+from bench.loadgen.workloads import Lengths, RandomWorkload
+from scheduler.config import SchedulerConfig
+from service.presets import PRESETS
+
+KEY = "itl-target"
+COMMAND = "python -m bench.experiments.itl_target"
+NUMPY_TARGETS = (0.0, 50.0, 100.0, 200.0, 400.0)
+SIM_TARGETS = (0.0, 25.0, 50.0, 100.0, 200.0)
+NUMPY_WORKLOAD = RandomWorkload(Lengths(256), Lengths(128), seed=0)
+NUMPY_CLIENTS, NUMPY_REQUESTS = 16, 48
+SIM_PROFILE, SIM_MODEL = "h100", "llama-3-8b"
+SIM_LOAD = Load(clients=64, prompt_len=1024, output_len=128, requests=384)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One target's figures (ms, tokens/s)."""
+
+    target_ms: float
+    itl_p99: float
+    tpot_p50: float
+    ttft_p99: float
+    throughput: float
+    requests: int
+
+    @property
+    def stall_ratio(self) -> float:
+        return self.itl_p99 / self.tpot_p50
+
+
+def numpy_rows(setup: Setup, rounds: int) -> list[Row]:
+    samples: dict[float, list[Measurement]] = {t: [] for t in NUMPY_TARGETS}
+    with ExitStack() as stack:
+        servers = {t: stack.enter_context(Server(["--backend", "numpy", "--itl-target-ms", str(t)]))
+                   for t in NUMPY_TARGETS}
+        for r in range(rounds):
+            for target, server in servers.items():
+                print(f"round {r + 1}/{rounds}: --itl-target-ms {target:g}", file=sys.stderr, flush=True)
+                samples[target].append(asyncio.run(_measure(server.url, setup, warmup=4 if r == 0 else 0)))
+    return [_pooled(target, ms) for target, ms in samples.items()]
+
+
+async def _measure(url: str, setup: Setup, warmup: int) -> Measurement:
+    options = Options(progress=LineProgress() if setup.progress else NoProgress())
+    bounds = Bounds(setup.count(NUMPY_REQUESTS), None, warmup=warmup)
+    return await measure(Target(url), NUMPY_WORKLOAD, LoadShape(concurrency=NUMPY_CLIENTS), bounds, options)
+
+
+def _pooled(target: float, measurements: Sequence[Measurement]) -> Row:
+    """Percentiles over every round's requests; throughput from the rounds' tokens over their time."""
+    ok = [m for run in measurements for m in run.requests]
+    itl = [gap for m in ok for gap in m.itls]
+    tokens = sum(run.summary.output_tokens for run in measurements)
+    seconds = sum(run.summary.duration_s for run in measurements)
+    return Row(target, 1e3 * float(np.percentile(itl, 99)),
+               1e3 * float(np.percentile([m.tpot for m in ok if m.tpot is not None], 50)),
+               1e3 * float(np.percentile([m.ttft for m in ok if m.ttft is not None], 99)), tokens / seconds, len(ok))
+
+
+def sim_rows(setup: Setup) -> list[Row]:
+    _, files = open_model(None)
+    preset = PRESETS["throughput"]
+    load = Load(SIM_LOAD.clients, SIM_LOAD.prompt_len, SIM_LOAD.output_len, setup.count(SIM_LOAD.requests))
+    rows = []
+    for target in SIM_TARGETS:
+        config = SchedulerConfig(max_num_seqs=preset["max_num_seqs"],
+                                 max_num_batched_tokens=preset["max_num_batched_tokens"], itl_target_ms=target)
+        rows.append(_sim_row(target, simulate(files, SIM_PROFILE, config, load, SIM_MODEL), load.requests))
+    return rows
+
+
+def _sim_row(target: float, r: SimResult, requests: int) -> Row:
+    return Row(target, 1e3 * r.p("itl", 99), 1e3 * r.p("tpot", 50), 1e3 * r.p("ttft", 99), r.throughput, requests)
+
+
+def plot(parts: dict[str, list[Row]], path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(len(parts), 2, figsize=(11, 4.2 * len(parts)), constrained_layout=True, squeeze=False)
+    for (name, rows), (left, right) in zip(parts.items(), axes, strict=True):
+        for ax, x, label in ((left, "ttft_p99", "p99 TTFT (ms)"), (right, "throughput", "output tokens/s")):
+            ax.plot([getattr(r, x) for r in rows], [r.itl_p99 for r in rows], marker="o")
+            for r in rows:
+                ax.annotate("off" if r.target_ms == 0 else f"{r.target_ms:g} ms", (getattr(r, x), r.itl_p99),
+                            fontsize=8, xytext=(4, 4), textcoords="offset points")
+            ax.set_xlabel(label)
+            ax.set_ylabel("p99 ITL (ms)")
+            ax.set_yscale("log")
+            ax.grid(True, alpha=0.3)
+            ax.set_title(name, fontsize=9)
+    fig.suptitle("--itl-target-ms: stalls against time to first token and throughput", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(parts: dict[str, list[Row]], info: dict[str, object]) -> str:
+    blocks = [f"### The ITL target: stalls against TTFT and throughput\n\nCommand: `{COMMAND}`. "
+              f"{Provenance.line(info)} Plot: `docs/results/{KEY}.png`."]
+    for name, rows in parts.items():
+        base = rows[0]
+        body = [[("off" if r.target_ms == 0 else f"{r.target_ms:g}"), f"{r.itl_p99:.1f}", f"{r.tpot_p50:.1f}",
+                 f"{r.stall_ratio:.2f}", f"{r.ttft_p99:.0f}", f"{r.ttft_p99 / base.ttft_p99:.2f}",
+                 f"{r.throughput:.1f}", f"{r.throughput / base.throughput:.2f}", str(r.requests)] for r in rows]
+        blocks.append(f"**{name}**\n\n" + table(
+            ["target ms", "ITL p99 ms", "TPOT p50 ms", "ITL p99 / TPOT p50", "TTFT p99 ms", "x off",
+             "output tok/s", "x off", "requests"], body))
+    return "\n\n".join(blocks)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2, help="NumPy rounds (default 2)")
+    p.add_argument("--skip-numpy", action="store_true")
+    args = p.parse_args(argv)
+    setup = setup_of(args)
+    provenance = Provenance(COMMAND)
+    parts = {}
+    if not args.skip_numpy:
+        parts[f"numpy (default model, gguf weights), {NUMPY_CLIENTS} clients, 256/128 tokens, "
+              f"{args.rounds} rounds"] = numpy_rows(setup, args.rounds)
+    parts[f"sim {SIM_PROFILE}, {SIM_MODEL} shape, throughput preset, {SIM_LOAD.clients} clients, "
+          f"{SIM_LOAD.prompt_len}/{SIM_LOAD.output_len} tokens (virtual clock)"] = sim_rows(setup)
+    info = provenance.finish()
+    save(setup, KEY, {"experiment": KEY, "provenance": info,
+                      "parts": {name: [r.__dict__ for r in rows] for name, rows in parts.items()}})
+    plot(parts, setup.out_dir / f"{KEY}.png")
+    publish(setup, KEY, report(parts, info))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
