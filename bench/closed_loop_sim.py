@@ -1,10 +1,12 @@
-"""Closed-loop clients against the engine on the sim backend's virtual clock: every token's time, exactly.
+"""Closed-loop clients against the engine alone (no HTTP): on the sim backend's virtual clock every token's
+time exactly, on a real backend its real times with no service beside it.
 
 `clients` requests are in the engine at all times (each client sends its next request when its last one
 ended), prompts of `prompt_len` random ordinary tokens, `output_len` tokens each, until `requests` have been
 sent and finished. No HTTP and no real time: the engine core is stepped synchronously and every timestamp is
 simulated, so a run of minutes of serving on an H100 profile takes seconds and gives the same numbers each
 time. `switch_profile_at` changes the hardware profile after that many steps (a machine slowing down).
+`run_engine` drives any backend the same way, on the monotonic clock unless the backend has its own.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backends.base import Backend
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create, get_profile
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
+from scheduler.calibration import calibrate
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
+from scheduler.step_cost import StepCostModel
 from telemetry.interface import NullObserver, RequestRecord, StepRecord, TokenRecord
 
 BLOCK = 16
@@ -78,21 +83,36 @@ def simulate(files: ModelFiles, profile: str, config: SchedulerConfig, load: Loa
              switch_profile_at: tuple[int, str] | None = None) -> SimResult:
     backend = create(BackendConfig(name="sim", sim_profile=profile, sim_clock="virtual", sim_model=sim_model), files)
     assert isinstance(backend, SimBackend)
+
+    def before_step(steps: int) -> None:
+        if switch_profile_at is not None and steps == switch_profile_at[0]:
+            backend.use_profile(get_profile(switch_profile_at[1]))
+
+    return run_engine(backend, files, config, load, before_step=before_step)
+
+
+def run_engine(backend: Backend, files: ModelFiles, config: SchedulerConfig, load: Load,
+               cost: StepCostModel | None = None, before_step: Callable[[int], None] | None = None) -> SimResult:
+    """`load` through an engine core over `backend` (its cache initialised here), stepped synchronously."""
     per_seq = -(-(load.prompt_len + load.output_len) // BLOCK) + 1
     num_blocks = load.clients * per_seq + BLOCK  # never short of KV: no preemption in the numbers
     backend.init_cache(num_blocks, BLOCK)
     max_len = load.prompt_len + load.output_len + BLOCK
-    kv = KVCacheManager(num_blocks, BLOCK, max_model_len=max_len, enable_prefix_caching=False)
+    kv = PagedKVCacheManager(num_blocks, BLOCK, enable_prefix_caching=False)
+    if cost is None and config.itl_target_ms > 0 and not isinstance(backend, SimBackend):
+        cost = StepCostModel(backend.cost_prior())
+        calibrate(config, kv, backend, files.tokenizer, max_len, cost)
     timeline = Timeline()
-    core = EngineCore.for_backend(config, kv, backend, files.tokenizer, max_model_len=max_len, observer=timeline)
-    sent = _Clients(core, load, backend.clock.now)
+    core = EngineCore.for_backend(config, kv, backend, files.tokenizer, max_model_len=max_len, observer=timeline,
+                                  cost=cost)
+    sent = _Clients(core, load, core.clock)
     while core.has_work:
-        if switch_profile_at is not None and len(timeline.steps) == switch_profile_at[0]:
-            backend.use_profile(get_profile(switch_profile_at[1]))
+        if before_step is not None:
+            before_step(len(timeline.steps))
         plan = core.plan()
         if plan.batch is None:
             raise RuntimeError("the scheduler could not place a request")
-        started = backend.clock.now()
+        started = core.clock()
         core.commit(plan, backend.execute(plan.batch), started)
         sent.top_up(timeline.finished)
     return _result(timeline, sent)

@@ -3,15 +3,16 @@
     python -m bench.kv_capacity [--kv-cache-memory 2GiB] [--max-model-len 8192] [--seeds 5]
 
 1. Capacity. A seeded long-tailed workload (log-normal prompt and output lengths, total capped at
-   max_model_len) runs through KVCacheManager in both layouts, with the default model's KV geometry:
+   max_model_len) runs through the paged and the contiguous KV cache, with the default model's KV geometry:
    - fit: requests admitted in arrival order, each holding its whole lifetime (prompt + output),
      until the next one does not fit: how many sequences the budget holds at once;
    - continuous batching: admit while blocks allow, decode one token per running sequence a step,
      preempt the newest sequence when blocks run out; reports the mean batch size over the steps
      where requests were still waiting (memory-bound), preemptions, and steps to drain the workload.
 2. Pool cost (CPU time). 100k 16-token blocks handed out and returned: half by prompt-sized allocate()
-   calls, half one block per append_slots() call, all returned by free(); reported per block operation
-   (one block handed out or returned), per phase, and for the one-token decode append.
+   calls, half one block per append() call, all returned by free(); reported per block operation
+   (one block handed out or returned), per phase, and per token for decode appends (one append() call a
+   round for 64 sequences, one token each, as a scheduler step makes it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, field
 
-from kvpool import KVCacheManager, KVSpec, parse_size
+from kvpool import KVCacheManager, KVSpec, PagedKVCacheManager, new_kv_cache_manager, parse_size
 
 SMOLLM2_KV = KVSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=4, block_size=16)
 
@@ -64,9 +65,7 @@ def make_workload(seed: int, count: int, max_model_len: int) -> list[Request]:
 
 def new_manager(num_blocks: int, layout: str, max_model_len: int) -> KVCacheManager:
     # Unique random prompts never hit the prefix cache; turn it off so both layouts do the same work.
-    return KVCacheManager(
-        num_blocks, 16, enable_prefix_caching=False, kv_layout=layout, max_model_len=max_model_len
-    )
+    return new_kv_cache_manager(layout, num_blocks, 16, max_model_len=max_model_len, enable_prefix_caching=False)
 
 
 def lifetime_fit(manager: KVCacheManager, requests: list[Request]) -> int:
@@ -90,7 +89,7 @@ def decode_one(manager: KVCacheManager, seq: Running, running: list[Running], wa
     """Append one token to seq, preempting the newest sequences until it fits; returns preemptions."""
     seq.tokens.append(len(seq.tokens) % 49152)
     preempted = 0
-    while manager.append_slots(seq.seq_id, seq.tokens, 1) is None:
+    while manager.append([seq.seq_id], [seq.tokens], [1])[0] == 0:  # out of blocks
         victim = running.pop()  # the newest admitted loses the least work; it keeps its tokens
         manager.free(victim.seq_id)
         waiting.appendleft(victim)
@@ -166,7 +165,7 @@ class PoolCost:
     """CPU seconds of each phase of one 100k-block cycle."""
 
     allocate: float  # half the blocks, handed out by prompt-sized allocate() calls (100 blocks each)
-    append: float  # the other half, handed out one block per append_slots() call (decode growth)
+    append: float  # the other half, handed out one block per append() call (decode growth)
     free: float  # every block returned, tail first
 
     @property
@@ -182,10 +181,11 @@ def timed(run: Callable[[], object]) -> float:
 
 
 def block_cycle(num_blocks: int, caching: bool, blocks_per_seq: int = 100) -> PoolCost:
-    manager = KVCacheManager(num_blocks, 16, enable_prefix_caching=caching)
+    manager = PagedKVCacheManager(num_blocks, 16, enable_prefix_caching=caching)
     seqs = num_blocks // blocks_per_seq
     tokens = [list(range(s * 16 * blocks_per_seq, (s + 1) * 16 * blocks_per_seq)) for s in range(seqs)]
     bulk, grown = range(seqs // 2), range(seqs // 2, seqs)
+    one_block = {seq_id: ((seq_id,), (tokens[seq_id],), (16,)) for seq_id in grown}  # append()'s arguments
 
     def allocate() -> None:
         for seq_id in bulk:
@@ -195,7 +195,7 @@ def block_cycle(num_blocks: int, caching: bool, blocks_per_seq: int = 100) -> Po
         for seq_id in grown:
             manager.allocate(seq_id, tokens[seq_id], 16)
             for _ in range(blocks_per_seq - 1):
-                manager.append_slots(seq_id, tokens[seq_id], 16)
+                manager.append(*one_block[seq_id])
 
     def free() -> None:
         for seq_id in range(seqs):
@@ -205,16 +205,17 @@ def block_cycle(num_blocks: int, caching: bool, blocks_per_seq: int = 100) -> Po
 
 
 def decode_appends(num_tokens: int, caching: bool, seqs: int = 64) -> float:
-    """CPU seconds for num_tokens one-token appends round-robin over `seqs` sequences."""
-    manager = KVCacheManager(num_tokens // 16 + 2 * seqs, 16, enable_prefix_caching=caching)
+    """CPU seconds for num_tokens one-token appends to `seqs` sequences, one append() call for all of them a
+    round (a scheduler step's call)."""
+    manager = PagedKVCacheManager(num_tokens // 16 + 2 * seqs, 16, enable_prefix_caching=caching)
     tokens = [list(range(s, s + num_tokens // seqs + 1)) for s in range(seqs)]
     for seq_id in range(seqs):
         manager.allocate(seq_id, tokens[seq_id], 1)
+    seq_ids, ones = list(range(seqs)), [1] * seqs
 
     def run() -> None:
         for _ in range(num_tokens // seqs):
-            for seq_id in range(seqs):
-                manager.append_slots(seq_id, tokens[seq_id], 1)
+            manager.append(seq_ids, tokens, ones)
 
     return timed(run)
 

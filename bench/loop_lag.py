@@ -28,7 +28,7 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, load_model, open_model
 from backends.sim_backend import create
 from bench.stats import pct
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.engine import Engine
 from scheduler.params import SamplingParams
@@ -49,7 +49,7 @@ class Load:
 
 def make_backend(name: str, profile: str) -> tuple[Backend, ModelFiles]:
     if name == "numpy":
-        from backends.numpy_backend.backend import NumpyBackend
+        from backends.numpy_backend.backend import NumpyBackend  # noqa: PLC0415 - sim runs never load the kernels
 
         model = load_model()
         return NumpyBackend(model), model.files
@@ -83,7 +83,7 @@ async def measure(backend: Backend, files: ModelFiles, clients: int, seconds: fl
                   max_tokens: int) -> tuple[Load, list[float], float]:
     num_blocks = clients * -(-(prompt_len + max_tokens) // BLOCK) + clients
     backend.init_cache(num_blocks, BLOCK)
-    kv = KVCacheManager(num_blocks, BLOCK, max_model_len=MAX_LEN)
+    kv = PagedKVCacheManager(num_blocks, BLOCK)
     engine = Engine(SchedulerConfig(max_num_seqs=clients, max_num_batched_tokens=256), kv, backend,
                     files.tokenizer, max_model_len=MAX_LEN)
     await engine.start()
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     backend, files = make_backend(args.backend, args.sim_profile)
     runner = measure(backend, files, args.clients, args.seconds, args.prompt_len, args.max_tokens)
     if args.uvloop:
-        import uvloop
+        import uvloop  # noqa: PLC0415 - only with --uvloop
 
         load, idle, elapsed = uvloop.run(runner)
     else:

@@ -28,7 +28,7 @@ from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.matmul import NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
@@ -63,7 +63,7 @@ def prompts(model: LoadedModel, count: int) -> list[list[int]]:
 
 def greedy(backend: NumpyBackend, model: LoadedModel, prompt_ids: list[list[int]], tokens: int) -> list[list[int]]:
     longest = max(len(p) for p in prompt_ids) + tokens + 1
-    kv = KVCacheManager(len(prompt_ids) * -(-longest // BLOCK), BLOCK, max_model_len=longest)
+    kv = PagedKVCacheManager(len(prompt_ids) * -(-longest // BLOCK), BLOCK)
     backend.init_cache(kv.num_blocks, BLOCK)
     config = SchedulerConfig(max_num_seqs=len(prompt_ids), max_num_batched_tokens=4096)
     llm = LLM(config, kv, backend, model.files.tokenizer, max_model_len=longest)

@@ -38,7 +38,7 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, open_model
 from backends.sim_backend import SimBackend, create
 from bench.stats import pct
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.params import SamplingParams
@@ -89,7 +89,7 @@ def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0, observer:
     horizon = steps + sum(map(len, prompts)) // budget + num_seqs + 8  # decode steps during prefill, too
     need = sum(-(-(len(p) + horizon) // BLOCK) for p in prompts)
     backend.init_cache(need, BLOCK)
-    kv = KVCacheManager(need, BLOCK, max_model_len=MAX_LEN)
+    kv = PagedKVCacheManager(need, BLOCK)
     config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=budget)
     core = EngineCore(config, kv, files.tokenizer, max_model_len=MAX_LEN, clock=backend.clock.now, observer=observer)
     for i, p in enumerate(prompts):  # seeded when sampling, so each request draws its own uniforms

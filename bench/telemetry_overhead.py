@@ -40,7 +40,7 @@ from backends.base import Backend
 from backends.config import BackendConfig
 from backends.model.loader import open_model
 from backends.registry import create_backend
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.engine import Engine
 from scheduler.output_processor import TokenizerLike
@@ -74,13 +74,13 @@ class SinkHandler(BaseHTTPRequestHandler):
     requests = 0
     received = 0
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         SinkHandler.requests += 1
         SinkHandler.received += len(body)
         self._reply(b"", "application/x-protobuf")
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._reply(json.dumps({"requests": SinkHandler.requests, "bytes": SinkHandler.received}).encode(),
                     "application/json")
 
@@ -91,7 +91,7 @@ class SinkHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
@@ -140,7 +140,7 @@ def run_once(mode: str, backend: Backend, tokenizer: TokenizerLike, args: argpar
              endpoint: str) -> Run:
     telemetry = telemetry_for(mode, endpoint)
     max_len = args.prompt + args.tokens + BLOCK_SIZE
-    kv = KVCacheManager(args.num_blocks, BLOCK_SIZE, max_model_len=max_len)
+    kv = PagedKVCacheManager(args.num_blocks, BLOCK_SIZE)
     config = SchedulerConfig(max_num_seqs=args.streams, max_num_batched_tokens=args.budget)
     engine = Engine(config, kv, backend, tokenizer, max_model_len=max_len, observer=telemetry)
     cpu = time.process_time()

@@ -1,9 +1,13 @@
 """kvpool: the paged KV block pool (block ids, ref counts, LRU free queue, prefix caching, COW forks).
 
-Stdlib only; the scheduler drives it through KVCacheManager, and only block ids and slot ids leave it.
+Stdlib only; the scheduler drives it through the KVCacheManager protocol, which PagedKVCacheManager and the
+ContiguousKVCacheManager baseline implement (kv_cache_manager_from_config picks the configured one). Only block
+ids leave it.
 """
 
+from kvpool.build import kv_cache_manager_from_config, new_kv_cache_manager
 from kvpool.config import KVPoolConfig
+from kvpool.contiguous import ContiguousKVCacheManager
 from kvpool.errors import (
     DuplicateSequenceError,
     KVInvariantError,
@@ -11,12 +15,13 @@ from kvpool.errors import (
     NoFreeBlocksError,
     UnknownSequenceError,
 )
-from kvpool.manager import Allocation, KVCacheManager
+from kvpool.manager import KVCacheManager, TableChange
+from kvpool.paged import PagedKVCacheManager
 from kvpool.sizing import KVSpec, parse_size
 from kvpool.stats import KVStats
 
 __all__ = [
-    "Allocation",
+    "ContiguousKVCacheManager",
     "DuplicateSequenceError",
     "KVCacheManager",
     "KVInvariantError",
@@ -25,6 +30,10 @@ __all__ = [
     "KVSpec",
     "KVStats",
     "NoFreeBlocksError",
+    "PagedKVCacheManager",
+    "TableChange",
     "UnknownSequenceError",
+    "kv_cache_manager_from_config",
+    "new_kv_cache_manager",
     "parse_size",
 ]

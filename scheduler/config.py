@@ -24,7 +24,7 @@ class SchedulerConfig:
     # While sequences decode, prefill is cut so that a step's predicted time (scheduler/step_cost.py) stays
     # within this many ms: the stall every decoding stream sees when a prompt is prefilled beside it. 0: off,
     # prefill takes whatever max_num_batched_tokens leaves.
-    itl_target_ms: float = 0.0
+    itl_target_ms: float = 100.0
     min_prefill_chunk: int = 32  # tokens a step's first prompt chunk always gets, however tight the target
 
     def __post_init__(self) -> None:

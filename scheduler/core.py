@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.base import StepOutput
+from backends.base import Backend, StepOutput
 from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
@@ -46,12 +46,6 @@ from telemetry.interface import (
 log = logging.getLogger("pagedserve.engine")
 
 
-def backend_prior(backend: object) -> CostCoefficients:
-    """The backend's first guess at its step times (cost_prior()), or nothing known: all zeros."""
-    prior = getattr(backend, "cost_prior", None)
-    return prior() if callable(prior) else CostCoefficients()
-
-
 @dataclass(frozen=True)
 class EngineStats:
     num_running: int
@@ -80,15 +74,15 @@ class EngineCore:
         self._seq_ids = itertools.count()
 
     @classmethod
-    def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: object, tokenizer: TokenizerLike,
+    def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: Backend, tokenizer: TokenizerLike,
                     *, max_model_len: int, observer: EngineObserver | None = None,
                     cost: StepCostModel | None = None) -> EngineCore:
         """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic;
-        its step-cost model `cost`, else one seeded with the backend's guess (cost_prior()) when it has one."""
-        clock = getattr(backend, "clock", None)
+        its step-cost model `cost`, else one seeded with the backend's guess (cost_prior())."""
+        clock = backend.clock
         return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
                    clock=clock.now if clock is not None else time.monotonic,
-                   cost=cost if cost is not None else StepCostModel(backend_prior(backend)))
+                   cost=cost if cost is not None else StepCostModel(backend.cost_prior()))
 
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:

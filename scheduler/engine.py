@@ -48,8 +48,7 @@ class Engine:
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
                                            observer=observer, cost=cost)
         self.backend = backend
-        self._runner = StepRunner(backend.execute, inline=bool(getattr(backend, "step_is_instant", False)),
-                                  timeout_s=step_timeout_s)
+        self._runner = StepRunner(backend.execute, inline=backend.step_is_instant, timeout_s=step_timeout_s)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -145,7 +144,7 @@ class Engine:
         except StepCrashedError as exc:
             self.core.observer.step_failed("crash")
             raise EngineFailedError(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+        except Exception as exc:  # noqa: BLE001 - a bug in the loop itself: nothing it holds can be trusted
             message = f"the model backend failed on this request's step: {type(exc).__name__}: {exc}"
             self._step_failed(plan, "backend_error", message, exc)
             return None
@@ -155,7 +154,7 @@ class Engine:
             failed = self.core.commit(plan, output, started)
         except BadStepOutputError as exc:  # nothing was applied
             self._step_failed(plan, "bad_output", f"the model backend's output was unusable: {exc}", exc)
-        except Exception as exc:  # noqa: BLE001 - applied in part: fail the step, then check what is left
+        except Exception as exc:  # noqa: BLE001 - a bug in the loop itself: nothing it holds can be trusted
             message = f"applying this request's step failed: {type(exc).__name__}: {exc}"
             self._step_failed(plan, "output_processing", message, exc)
             self._check_consistency(message)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.base import LongArray
+from kvpool import TableChange
 from scheduler.block_table import BlockTable, Index, grown
 from scheduler.sampling_inputs import SamplingColumns
 from scheduler.sequence import Sequence
@@ -79,8 +80,8 @@ class PersistentBatch:
         self._free.append(row)
         self.version += 1
 
-    def patch_blocks(self, rows: LongArray, changes: list[tuple[int, int, int]]) -> None:
-        """Apply KVCacheManager.append_many's changes: (index into rows, block index, block id)."""
+    def patch_blocks(self, rows: LongArray, changes: list[TableChange]) -> None:
+        """Apply KVCacheManager.append's changes: (index into rows, block index, block id)."""
         if changes:
             index, positions, blocks = np.array(changes, np.int64).T
             self.blocks.patch(rows[index], positions, blocks)

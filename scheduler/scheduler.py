@@ -183,16 +183,16 @@ class Scheduler:
                         evicted: list[Sequence]) -> int:
         """Slots for the running sequences' tokens; when blocks run out, the tail of the running list (perhaps
         the sequence itself) gives its blocks back. Returns how many stay scheduled."""
-        changes: list[tuple[int, int, int]] = []
         k = len(counts)
-        done = self.kv.append_many(ids[:k], lists, counts, changes)
+        done, changes = self.kv.append(ids[:k], lists, counts)
         while done < k:
             victim = self.running[-1]
             self._evict(victim)
             evicted.append(victim)
             k = min(k, len(self.running))
             if done < k:
-                done = self.kv.append_many(ids[:k], lists, counts, changes, done)
+                done, more = self.kv.append(ids[:k], lists, counts, done)
+                changes += more
         self.rows.patch_blocks(rows, changes)
         return k
 
@@ -223,10 +223,10 @@ class Scheduler:
             budget -= count
 
     def _admit_one(self, seq: Sequence, num_tokens: int, work: StepWork) -> None:
-        allocation = self.kv.allocate(seq.seq_id, seq.token_ids, num_tokens)
+        cached = self.kv.allocate(seq.seq_id, seq.token_ids, num_tokens)
         if seq.num_preemptions == 0:
-            seq.num_cached_tokens = allocation.num_cached_tokens
-        seq.num_computed_tokens = allocation.num_cached_tokens
+            seq.num_cached_tokens = cached
+        seq.num_computed_tokens = cached
         seq.status = SequenceStatus.RUNNING
         self._insert_running(seq)
         work.add(seq, self.rows.rows[seq.seq_id], seq.num_computed_tokens, num_tokens - seq.num_computed_tokens)

@@ -70,6 +70,8 @@ async def _load(app: web.Application, build: RuntimeBuilder) -> None:
         log.debug("model load failed", exc_info=True)
         state.fail(str(exc) or type(exc).__name__)
         return
+    if runtime.telemetry is not None:  # /metrics renders the app's registry alone
+        app[REGISTRY_KEY].register(runtime.telemetry.metrics)
     state.ready(runtime)
     log.info("model %s ready", state.model_name)
 

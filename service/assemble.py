@@ -12,9 +12,8 @@ from typing import cast
 from backends.base import Backend
 from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
 from backends.registry import create_backend
-from kvpool import KVCacheManager, KVSpec
+from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config
 from scheduler.calibration import calibrate
-from scheduler.core import backend_prior
 from scheduler.engine import Engine
 from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
@@ -52,7 +51,7 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     max_len = config.scheduler.max_model_len or files.config.context_length
     geo = backend.kv_geometry
     spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size)
-    kv = KVCacheManager.from_config(config.kv, spec, max_len)
+    kv = kv_cache_manager_from_config(config.kv, spec, max_len)
     backend.init_cache(kv.num_blocks, config.kv.block_size)
     return ModelParts(files, backend, kv, max_len)
 
@@ -68,8 +67,9 @@ def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
     """The step-cost model, fitted on a second of warm-up steps when an ITL target will use it (blocking).
     A calibration that fails leaves the backend's guess, which serving then corrects: it is worth a warning,
     not a server that will not start."""
-    cost = StepCostModel(backend_prior(parts.backend))
-    if config.scheduler.itl_target_ms <= 0:
+    cost = StepCostModel(parts.backend.cost_prior())
+    # The simulator's guess is its own cost model already, and warm-up steps would use up its injected faults.
+    if config.scheduler.itl_target_ms <= 0 or config.backend.name == "sim":
         return cost
     try:
         done = calibrate(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), parts.max_model_len, cost)
@@ -87,7 +87,7 @@ def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
 
 
 def _tokenizer(parts: ModelParts) -> TokenizerLike:
-    # TokenizerLike is a nominal base class, not a Protocol; the model's Tokenizer fits it structurally.
+    # TokenizerLike is a Protocol that the model's Tokenizer satisfies structurally; the cast only states it.
     return cast(TokenizerLike, parts.files.tokenizer)
 
 

@@ -1,66 +1,55 @@
-"""The `pagedserve` command. Subcommands are registered in `commands()`, the one place to add one."""
+"""The `pagedserve` command. Subcommands are registered in `commands()`, the one place to add one.
+
+Each subcommand owns its parser, so it takes only its own flags, and a usage error (an unknown flag, a bad
+value) shows its own usage. Its module is named here and imported only when it runs: `serve` loads nothing of
+the load generator, `bench` nothing of the server, and the server's packages never import the bench
+(tests/test_import_rules.py).
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-from backends.base import BackendError
-from backends.model.config import ModelLoadError
-from scheduler.errors import SchedulerError
-from service.config import AppConfig, ConfigError
-from service.config_load import add_config_flags, flags_of, load_config
-
-EXIT_USAGE = 2  # also for a model that cannot be loaded
 
 
 @dataclass(frozen=True)
 class Command:
     name: str
     help: str
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    module: str  # defines main(argv, prog, description) -> exit status, argv being what follows the name
+
+    def main(self, argv: Sequence[str]) -> int:
+        entry = importlib.import_module(self.module).main
+        return int(entry(list(argv), f"pagedserve {self.name}", self.help))
 
 
 def commands() -> tuple[Command, ...]:
-    """Every subcommand (the benchmark adds `bench` here)."""
-    from bench.loadgen.cli import BENCH  # noqa: PLC0415
-    from service.generate import GENERATE  # noqa: PLC0415  (each command imports its own heavy parts)
-    from service.serve_cmd import SERVE  # noqa: PLC0415
-
-    return (SERVE, GENERATE, BENCH)
-
-
-def config_from(args: argparse.Namespace) -> AppConfig:
-    return load_config(args.config, os.environ, flags_of(args))
+    return (
+        Command("serve", "serve the OpenAI-compatible HTTP API", "service.serve_cmd"),
+        Command("generate", "complete one prompt offline and print the text", "service.generate"),
+        Command("bench", "benchmark an OpenAI-compatible server (streaming load, latency percentiles, sweeps)",
+                "bench.bench_cmd"),
+    )
 
 
-def build_parser(cmds: Sequence[Command]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedserve", description="OpenAI-compatible LLM inference server")
+def build_parser(cmds: Iterable[Command]) -> argparse.ArgumentParser:
+    """The top level only names the command; the command's own parser reads the rest."""
+    parser = argparse.ArgumentParser(prog="pagedserve", description="OpenAI-compatible LLM inference server",
+                                     epilog="'pagedserve COMMAND --help' lists the command's flags.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in cmds:
-        child = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        cmd.configure(child)
-        add_config_flags(child)
-        child.set_defaults(run=cmd.run)
+        sub.add_parser(cmd.name, help=cmd.help, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser(commands()).parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = {c.name: c for c in commands()}
+    name = build_parser(cmds.values()).parse_args(argv[:1]).command
     try:
-        return int(args.run(args))
-    except (ConfigError, ModelLoadError, BackendError, SchedulerError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)  # one clear line, no traceback
-        return EXIT_USAGE
+        return cmds[name].main(argv[1:])
     except KeyboardInterrupt:
         return 130
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

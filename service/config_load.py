@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import argparse
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from service.config import AppConfig, ConfigError
 from service.presets import PRESETS
-from service.settings import ENV_PREFIX, SECTIONS, Setting, all_settings, check_value, parse_text
+from service.settings import (
+    ENV_PREFIX,
+    SECTIONS,
+    Setting,
+    all_settings,
+    check_value,
+    default_text,
+    describe,
+    parse_text,
+    values_text,
+)
 
 CONFIG_ENV = ENV_PREFIX + "CONFIG"  # names the config file when --config is not given
 SHORTCUTS = {"backend": ("backend", "name"), "model": ("backend", "model")}  # top-level keys of the file
@@ -87,19 +97,48 @@ def read_env(env: Mapping[str, str], settings: tuple[Setting, ...]) -> Values:
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting; only flags actually given reach `read_flags` (the rest are suppressed)."""
+    """One flag per setting, its help from the setting's words. A value of the wrong type or outside the
+    setting's choices is a usage error of the command; only flags actually given reach `read_flags` (the rest
+    are suppressed), as the text given, so a flag reads exactly as the same text in the environment."""
     group = parser.add_argument_group(
         "configuration (flags > PAGEDSERVE_* env > --config file > defaults; see docs/CONFIG.md)")
     group.add_argument("--config", metavar="FILE", help="TOML config file (or PAGEDSERVE_CONFIG)")
     for s in all_settings():
-        kwargs: dict[str, Any] = {"dest": _FLAG_DEST + s.name, "default": argparse.SUPPRESS}
+        kwargs: dict[str, Any] = {"dest": _FLAG_DEST + s.name, "default": argparse.SUPPRESS, "help": flag_help(s)}
         if s.kind == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif s.kind == "strs":
-            kwargs.update(action="append", metavar="VALUE", help="may be given several times")
         else:
-            kwargs["metavar"] = s.kind.upper()
+            kwargs.update(type=_checked(s), metavar=_metavar(s))
+            if s.kind == "strs":
+                kwargs["action"] = "append"
         group.add_argument(s.flag, **kwargs)
+
+
+def flag_help(setting: Setting) -> str:
+    """What it does, its values where the metavar does not show them, and its default."""
+    doc = setting.doc
+    values = "" if doc.choices or not (doc.values or setting.optional) else f"; {values_text(setting)}"
+    text = f"{doc.text}{values} [default: {default_text(setting)}]"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _metavar(setting: Setting) -> str:
+    choices = setting.doc.choices + (("none",) if setting.optional else ())
+    return "{" + ",".join(choices) + "}" if setting.doc.choices else setting.kind.upper().replace("STRS", "STR")
+
+
+def _checked(setting: Setting) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        try:
+            value = parse_text(setting, text, setting.flag)
+        except ConfigError:
+            raise argparse.ArgumentTypeError(f"expected {describe(setting)}, got {text!r}") from None
+        allowed = setting.doc.choices
+        if allowed and value not in (*allowed, None, setting.default):
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return text
+
+    return check
 
 
 def flags_of(namespace: argparse.Namespace) -> dict[str, Any]:

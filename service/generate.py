@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 
 from scheduler.params import SamplingParams
 from service.assemble import build_llm, build_parts
-from service.cli import Command, config_from, setup_logging
+from service.config_cmd import ConfigCommand, config_from
+from service.log_setup import setup_logging
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the prompt text")
     parser.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
-    parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    parser.add_argument("--max-tokens", type=int, default=128, metavar="N", help="most tokens to generate "
+                                                                                 "(default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 (default): greedy")
-    parser.add_argument("--seed", type=int, default=None, metavar="S")
+    parser.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: none)")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -34,4 +37,5 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-GENERATE = Command("generate", "complete one prompt offline and print the text", _configure, _run)
+def main(argv: Sequence[str], prog: str, description: str) -> int:
+    return ConfigCommand(_run, _configure).main(argv, prog, description)

@@ -1,5 +1,6 @@
-"""The app's Prometheus registry: engine gauges read at scrape time, plus HTTP request counts.
-The telemetry package registers its own collectors into the same registry."""
+"""The app's one Prometheus registry: the server's phase and the engine's gauges, read at scrape time, and HTTP
+request counts. Once the runtime is built, the app registers telemetry's metrics into it too (service/app.py):
+/metrics renders this registry alone, every name under telemetry's `pagedserve:` prefix."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler.core import EngineStats
 from service.state import Phase, ServerState
+from telemetry.metrics import PREFIX
 
 
 class EngineCollector(Collector):
+    """Live values at each scrape (telemetry's records arrive a step late, and not at all with it disabled)."""
+
     def __init__(self, state: ServerState) -> None:
         self._state = state
 
@@ -20,31 +25,32 @@ class EngineCollector(Collector):
         return iter(())  # keeps registration from calling collect() before the engine exists
 
     def collect(self) -> Iterator[Metric]:
-        phase = GaugeMetricFamily("pagedserve_server_phase", "1 for the server's current phase", labels=["phase"])
+        phase = GaugeMetricFamily(PREFIX + "server_phase", "1 for the server's current phase", labels=["phase"])
         for p in Phase:
             phase.add_metric([p.value], float(p is self._state.phase))
         yield phase
-        if self._state.runtime is not None:
-            yield from _engine_gauges(self._state.runtime.engine.stats())
+        runtime = self._state.runtime
+        yield from _engine_gauges(runtime.engine.stats() if runtime is not None else None)
 
 
-def _engine_gauges(stats: object) -> Iterator[Metric]:
-    kv = getattr(stats, "kv", None)
-    yield GaugeMetricFamily("pagedserve_num_requests_running", "Requests being generated",
-                            value=getattr(stats, "num_running", 0))
-    yield GaugeMetricFamily("pagedserve_num_requests_waiting", "Requests waiting for admission",
-                            value=getattr(stats, "num_waiting", 0))
-    if kv is not None:
-        yield GaugeMetricFamily("pagedserve_kv_cache_usage_ratio", "Share of KV blocks in use", value=kv.usage)
-        blocks = GaugeMetricFamily("pagedserve_kv_cache_blocks", "KV blocks by state", labels=["state"])
-        blocks.add_metric(["used"], kv.used_blocks)
-        blocks.add_metric(["free"], kv.free_blocks)
-        yield blocks
+def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:
+    """Zero until the engine exists: the series are there from the first scrape."""
+    kv = stats.kv if stats is not None else None
+    yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests in the running batch",
+                            value=stats.num_running if stats is not None else 0)
+    yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled",
+                            value=stats.num_waiting if stats is not None else 0)
+    yield GaugeMetricFamily(PREFIX + "kv_cache_usage_ratio", "Share of KV cache blocks in use (0..1)",
+                            value=kv.usage if kv is not None else 0.0)
+    blocks = GaugeMetricFamily(PREFIX + "kv_cache_blocks", "KV cache blocks by state", labels=["state"])
+    blocks.add_metric(["used"], kv.used_blocks if kv is not None else 0)
+    blocks.add_metric(["free"], kv.free_blocks if kv is not None else 0)
+    yield blocks
 
 
 def create_registry(state: ServerState) -> tuple[CollectorRegistry, Counter]:
     registry = CollectorRegistry()
     registry.register(EngineCollector(state))
-    requests = Counter("pagedserve_http_requests", "HTTP requests answered", ["method", "route", "status"],
+    requests = Counter(PREFIX + "http_requests", "HTTP requests answered", ["method", "route", "status"],
                        registry=registry)
     return registry, requests

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Sequence
 
 import uvloop
 
@@ -13,11 +14,8 @@ from backends.model.loader import open_model
 from backends.registry import available
 from service.assemble import build_runtime
 from service.auth import load_keys
-from service.cli import Command, config_from, setup_logging
-
-
-def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "Every setting also reads PAGEDSERVE_<NAME> and the [section] tables of --config FILE."
+from service.config_cmd import ConfigCommand, config_from
+from service.log_setup import setup_logging
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -40,4 +38,5 @@ def _check_backend(name: str) -> None:
         raise BackendError(f"unknown backend '{name}' (available: {', '.join(sorted(known))})")
 
 
-SERVE = Command("serve", "serve the OpenAI-compatible HTTP API", _configure, _run)
+def main(argv: Sequence[str], prog: str, description: str) -> int:
+    return ConfigCommand(_run).main(argv, prog, description)  # every flag of serve is a setting

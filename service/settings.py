@@ -1,8 +1,9 @@
-"""The table of every setting: its section, key, value kind, command-line flag and environment variable.
+"""The table of every setting: its section, key, value kind, default, command-line flag, environment variable
+and what it means (service/setting_docs.py).
 
 Built from the config dataclasses themselves, so a field added to any section is configurable everywhere at
-once. Public names are the field names (unique across sections), except `backend.name`, which is `backend`,
-and `service.api_keys`, which is `api_key` (a flag given once per key).
+once (and a test asks for its words). Public names are the field names (unique across sections), except
+`backend.name`, which is `backend`, and `service.api_keys`, which is `api_key` (a flag given once per key).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig
 from service.config import ConfigError, ServiceConfig, TelemetrySettings
+from service.setting_docs import DOCS, SettingDoc
 
 SECTIONS: dict[str, type] = {
     "service": ServiceConfig,
@@ -28,6 +30,7 @@ SECTIONS: dict[str, type] = {
 ENV_PREFIX = "PAGEDSERVE_"
 _RENAMED = {("backend", "name"): "backend", ("service", "api_keys"): "api_key"}
 _KINDS = {int: "int", float: "float", str: "str", bool: "bool"}
+_KIND_WORDS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "strs": "list of str"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -38,6 +41,8 @@ class Setting:
     key: str
     kind: str  # int | float | str | bool | strs
     optional: bool  # None is a valid value
+    default: Any
+    doc: SettingDoc
 
     @property
     def name(self) -> str:
@@ -53,8 +58,8 @@ class Setting:
 
 
 def all_settings() -> tuple[Setting, ...]:
-    found = [_setting(section, f.name, hint) for section, cls in SECTIONS.items()
-             for f, hint in _fields(cls)]
+    found = [_setting(section, key, hint, default) for section, cls in SECTIONS.items()
+             for key, hint, default in _fields(cls)]
     names = [s.name for s in found]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:  # a bug in a config dataclass, caught by the test suite
@@ -62,18 +67,19 @@ def all_settings() -> tuple[Setting, ...]:
     return tuple(found)
 
 
-def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+def _fields(cls: type) -> list[tuple[str, Any, Any]]:
+    """Each field's name, type and default (every section builds with no arguments)."""
+    hints, defaults = typing.get_type_hints(cls), cls()
+    return [(f.name, hints[f.name], getattr(defaults, f.name)) for f in dataclasses.fields(cls)]
 
 
-def _setting(section: str, key: str, hint: Any) -> Setting:
+def _setting(section: str, key: str, hint: Any, default: Any) -> Setting:
     args = typing.get_args(hint)
     optional = isinstance(hint, types.UnionType) and type(None) in args
     base = next(a for a in args if a is not type(None)) if optional else hint
-    if typing.get_origin(base) is tuple:
-        return Setting(section, key, "strs", optional)
-    return Setting(section, key, _KINDS[base], optional)
+    kind = "strs" if typing.get_origin(base) is tuple else _KINDS[base]
+    doc = DOCS.get(f"{section}.{key}", SettingDoc(""))  # none yet: a test names the setting
+    return Setting(section, key, kind, optional, default, doc)
 
 
 def parse_text(setting: Setting, text: str, origin: str) -> Any:
@@ -84,7 +90,7 @@ def parse_text(setting: Setting, text: str, origin: str) -> Any:
     try:
         return _from_text(setting.kind, stripped)
     except ValueError:
-        raise ConfigError(f"{origin}: expected {_describe(setting)}, got {text!r}") from None
+        raise ConfigError(f"{origin}: expected {describe(setting)}, got {text!r}") from None
 
 
 def _from_text(kind: str, text: str) -> Any:
@@ -111,13 +117,37 @@ def check_value(setting: Setting, value: Any, origin: str) -> Any:
         "strs": isinstance(value, list) and all(isinstance(v, str) for v in value),
     }[setting.kind]
     if not ok:
-        raise ConfigError(f"{origin}: expected {_describe(setting)}, got {value!r}")
+        raise ConfigError(f"{origin}: expected {describe(setting)}, got {value!r}")
     if setting.kind == "float":
         return float(value)
     return tuple(value) if setting.kind == "strs" else value
 
 
-def _describe(setting: Setting) -> str:
+def describe(setting: Setting) -> str:
     text = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
             "strs": "a list of strings"}[setting.kind]
     return text + (" (or none)" if setting.optional else "")
+
+
+def value_text(value: Any) -> str:
+    """A value as a person would write it in the file or a flag; "none" for unset."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None or value in ("", ()):
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
+def values_text(setting: Setting) -> str:
+    """The values a setting takes, in words: its choices, else the doc's words, else its kind."""
+    if setting.doc.choices:
+        return ", ".join(setting.doc.choices) + (" or none" if setting.optional else "")
+    if setting.doc.values:
+        return setting.doc.values
+    return _KIND_WORDS[setting.kind] + (" or none" if setting.optional else "")
+
+
+def default_text(setting: Setting) -> str:
+    return setting.doc.default.replace("`", "") or value_text(setting.default)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.model.chat_template import ChatTemplate
 from backends.model.tokenizer import Tokenizer
+from scheduler.core import EngineStats
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from service.config import AppConfig
@@ -52,7 +53,7 @@ class EngineLike(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    def stats(self) -> Any: ...
+    def stats(self) -> EngineStats: ...
 
     async def wait_failed(self) -> str: ...
 

@@ -82,7 +82,7 @@ class Labelled:
 
 
 class TelemetryMetrics(Collector):
-    """Every metric of the server's /metrics that telemetry owns; `render()` is the /metrics body."""
+    """Every metric of the server's /metrics that telemetry owns; `render()` renders the whole registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -175,17 +175,14 @@ class TelemetryMetrics(Collector):
 
     def step(self, step: StepRecord, tokens: int) -> None:
         self.counters["generation_tokens"] += tokens
-        gauges, histograms = self.gauges, self.histograms
-        gauges["num_requests_running"] = step.num_running
-        gauges["num_requests_waiting"] = step.num_waiting
-        gauges["kv_cache_usage_ratio"] = step.kv_usage
+        histograms = self.histograms
         histograms["engine_step_duration_seconds"].observe(step.end - step.start)
         histograms["engine_step_batch_size"].observe(step.num_seqs)
         histograms["engine_step_tokens"].observe(step.prefill_tokens + step.decode_tokens)
         if step.predicted_s > 0 and step.seconds > 0:
             histograms["step_cost_prediction_ratio"].observe(step.seconds / step.predicted_s)
             self.cost_coefficients = step.cost_coefficients
-            gauges["step_cost_headroom"] = step.cost_headroom
+            self.gauges["step_cost_headroom"] = step.cost_headroom
         # cumulative in the engine: they only grow, except after a reset of the pool's counters
         self.counters["prefix_cache_queries"] = max(self.counters["prefix_cache_queries"], step.prefix_queries)
         self.counters["prefix_cache_hits"] = max(self.counters["prefix_cache_hits"], step.prefix_hits)
@@ -218,10 +215,9 @@ COUNTERS = {
     "telemetry_spans_dropped": "Trace spans dropped (export failed, export queue full, or shut down first)",
     "telemetry_token_events_skipped": "Per-token span events skipped while telemetry fell behind the engine",
 }
+# Requests running and waiting and KV cache usage are the service's (service/metrics.py): read from the engine
+# at scrape time, they are current even between steps.
 GAUGES = {
-    "num_requests_running": "Requests in the running batch",
-    "num_requests_waiting": "Requests waiting to be scheduled",
-    "kv_cache_usage_ratio": "Share of KV cache blocks in use (0..1)",
     "step_cost_headroom": "The factor the scheduler divides its ITL target by: recent steps' measured / "
                           "predicted time, high quantile, at least 1",
 }

@@ -23,8 +23,9 @@ from telemetry.worker import Worker
 
 
 class Telemetry:
-    """Traces and Prometheus metrics for one engine. Create at app start, pass as the engine's observer, serve
-    `metrics.render()` on /metrics, call `shutdown()` at cleanup (after the engine stopped)."""
+    """Traces and Prometheus metrics for one engine. Create at app start (given the app's registry, its metrics
+    are served with the app's), pass as the engine's observer, call `shutdown()` at cleanup (after the engine
+    stopped). `render()` is the Prometheus text of its registry."""
 
     def __init__(self, config: TelemetryConfig | None = None, *, registry: CollectorRegistry | None = None,
                  clock: Callable[[], float] = time.monotonic, span_exporter: SpanExporter | None = None) -> None:

@@ -45,7 +45,7 @@ class Worker:
             fn, args = call
             try:
                 fn(*args)
-            except Exception:  # noqa: BLE001 - telemetry must never take the engine down
+            except Exception:
                 if not self._failed:
                     self._failed = True
                     log.exception("telemetry failed to process an engine event (later failures are not logged)")

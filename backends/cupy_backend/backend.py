@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import BackendError, KVGeometry, StepBatch, StepOutput
+from backends.base import BackendError, Clock, KVGeometry, StepBatch, StepOutput
 from backends.cupy_backend import launch
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.device_model import DeviceKVCache, upload_weights
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 class CupyBackend:
     name = "cupy"
+    clock: Clock | None = None  # wall time
+    step_is_instant = False  # a step waits on the device: off the event loop
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, device: Device, dtype: str = "float32",
                  partition_size: int = launch.DEFAULT_PARTITION_SIZE, gemm: Gemm | None = None) -> None:

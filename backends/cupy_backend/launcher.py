@@ -5,6 +5,8 @@ NumPy arrays in the tests.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -14,6 +16,8 @@ from backends.cupy_backend.launch import Launch
 
 # NVRTC failures are reported with the end of the compiler log: enough for the error, short enough to read.
 LOG_TAIL = 4000
+
+log = logging.getLogger(__name__)
 
 
 class KernelLauncher(Protocol):
@@ -68,12 +72,16 @@ def compile_module(
     loading `names`. Tries each option set in turn (e.g. without, then with explicit CUDA include directories);
     raises RuntimeError with every attempt's log if none compiles."""
     errors = []
+    start = time.perf_counter()
     for options in option_sets:
         try:
             module = cupy.RawModule(code=source, options=options)
             for name in names:
                 module.get_function(name)
-            return module, options
         except Exception as exc:  # noqa: BLE001 - CompileException, or a missing header surfacing otherwise
             errors.append(f"options {options}: {type(exc).__name__}: {str(exc)[-LOG_TAIL:]}")
+            continue
+        # NVRTC on the first start after a change to the sources; later starts load CuPy's cached binary
+        log.info("compiled CUDA kernels (%d, NVRTC) in %.1f s", len(names), time.perf_counter() - start)
+        return module, options
     raise RuntimeError("NVRTC could not compile the kernels:\n" + "\n".join(errors))

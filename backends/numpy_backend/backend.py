@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from backends.base import KVGeometry, StepBatch, StepOutput
+from backends.base import Clock, KVGeometry, StepBatch, StepOutput
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 class NumpyBackend:
     name = "numpy"
+    clock: Clock | None = None  # wall time
+    step_is_instant = False  # a step computes for milliseconds: off the event loop
 
     def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact") -> None:
         self.model = model

@@ -12,7 +12,7 @@ sleeping workers costs much more (about 0.15 ms a region on this VM's futexes; a
 regions), so they spin 10,000 rounds, which covers the gap between the regions of a step.
 
 Only defaults: a value the user set is kept. This module imports nothing, so entry points can
-apply it first.
+apply it first (through backends.process, which the service's launcher calls).
 """
 
 from __future__ import annotations

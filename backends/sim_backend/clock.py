@@ -12,9 +12,11 @@ import threading
 import time
 from typing import Protocol
 
+from backends import base
 
-class Clock(Protocol):
-    def now(self) -> float: ...
+
+class Clock(base.Clock, Protocol):
+    """A clock the simulated step can also wait on."""
 
     def sleep_until(self, deadline: float) -> None: ...
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "docs" / "results"
 DOC = REPO / "docs" / "PERFORMANCE.md"
 SIM_H200 = ("--backend", "sim", "--sim-profile", "h200", "--sim-clock", "real")
-RUNNING = "pagedserve_num_requests_running"
+RUNNING = "pagedserve:num_requests_running"
 COUNTERS = ("pagedserve:num_preemptions_total", "pagedserve:prefix_cache_queries_total",
             "pagedserve:prefix_cache_hits_total", "pagedserve:generation_tokens_total",
             "pagedserve:engine_step_batch_size_sum", "pagedserve:engine_step_batch_size_count")

@@ -98,7 +98,7 @@ clients, {REQUESTS} measured requests after 4 warm-up ones. Prompts and outputs 
 each, sigma 1, each capped at 1024), `ignore_eos`, seed 0. The contiguous layout reserves {reserve} blocks
 (max_model_len) per sequence, so at most {NUM_BLOCKS // reserve} run at once; the paged one admits a request when
 its prompt's blocks are free and preempts (recompute) the newest request when a running one needs a block and
-none is left. "max/mean running": `pagedserve_num_requests_running` sampled from `/metrics` every
+none is left. "max/mean running": `pagedserve:num_requests_running` sampled from `/metrics` every
 {SAMPLE_INTERVAL_S * 1000:.0f} ms; "batch": mean sequences per engine step; "preemptions": the growth of
 `pagedserve:num_preemptions`. Results: `docs/results/{KEY}.json`, plot: `docs/results/{KEY}.png` (running
 requests over time, and throughput).

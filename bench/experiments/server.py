@@ -32,7 +32,7 @@ class Server:
         self.args = ("--host", "127.0.0.1", "--port", "0", "--log-level", "warning", "--drain-timeout-s", "1",
                      *args)
         self.url = ""
-        self._log = tempfile.NamedTemporaryFile("w+", prefix="pagedserve-", suffix=".log", delete=False)  # noqa: SIM115
+        self._log = tempfile.NamedTemporaryFile("w+", prefix="pagedserve-", suffix=".log", delete=False)
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Server:
@@ -94,7 +94,7 @@ class Server:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:  # noqa: S310 (loopback)
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                     if resp.status == 200:
                         return
             except OSError:

@@ -1,5 +1,5 @@
-"""A load generator for OpenAI-compatible servers: a pure HTTP client (it imports nothing of this project,
-except cli.py, the `pagedserve bench` command, which may load a tokenizer for servers that send no usage).
+"""A load generator for OpenAI-compatible servers: a pure HTTP client that imports nothing of this project
+outside this package (`pagedserve bench`, bench/bench_cmd.py, hands it a model's tokenizer).
 
     spec.py        what to send (Target, RequestSpec, sessions) and how (LoadShape, Bounds)
     workloads.py   seeded random prompts, a JSONL file, shared system prompts, multi-turn chat
@@ -11,6 +11,7 @@ except cli.py, the `pagedserve bench` command, which may load a tokenizer for se
     promtext.py    Prometheus text format; crosscheck.py: the server's histograms against the bench's samples
     sweep.py       one run per concurrency or rate; plot.py: the throughput/latency frontier PNG
     report.py      text and JSON output; progress.py: the stderr progress line; args.py: the options
+    cli.py         the command: its parser and main(), for `pagedserve bench` and `python -m bench.loadgen`
 """
 
 from bench.loadgen.measure import Measurement, Options, measure, measure_all

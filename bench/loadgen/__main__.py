@@ -1,7 +1,8 @@
-"""`python -m bench.loadgen ...` is `pagedserve bench ...`."""
+"""`python -m bench.loadgen ...`: the load generator on its own, against any OpenAI-compatible server (output
+tokens from the server's usage, else counted by text chunks; `pagedserve bench` adds a model's tokenizer)."""
 
 import sys
 
-from service.cli import main
+from bench.loadgen.cli import main
 
-sys.exit(main(["bench", *sys.argv[1:]]))
+sys.exit(main(prog="python -m bench.loadgen"))

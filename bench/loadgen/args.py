@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from bench.loadgen.slo import Slo, parse_slo
@@ -24,16 +25,28 @@ DEFAULT_CONCURRENCY = 16  # when neither --concurrency nor --rate is given
 DEFAULT_PREFIX_LEN = {"shared-prefix": 1024, "chat": 0}
 
 
-def add_bench_options(parser: argparse.ArgumentParser) -> None:
-    target = parser.add_argument_group("target")
-    target.add_argument("--base-url", metavar="URL",
-                        help="the server's root URL (default: http://HOST:PORT from --host and --port, "
-                             "else http://127.0.0.1:8000)")
-    target.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
-    target.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
+def add_bench_options(parser: argparse.ArgumentParser, model_option: bool = False) -> None:
+    """Every option; `--model` only where the command can open a model's tokenizer (`model_option`)."""
+    _target_options(parser.add_argument_group("target"), model_option)
     _load_options(parser.add_argument_group("load"))
     _workload_options(parser.add_argument_group("workload"))
     _result_options(parser.add_argument_group("results"))
+
+
+def _target_options(g: argparse._ArgumentGroup, model_option: bool) -> None:
+    g.add_argument("--base-url", metavar="URL",
+                   help="the server's root URL (default: http://HOST:PORT from --host and --port)")
+    g.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="the server's port (default 8000)")
+    g.add_argument("--api-key", metavar="KEY", help="sent as a bearer token (default: none)")
+    g.add_argument("--served-model-name", metavar="NAME",
+                   help='the requests\' "model" (default: the first model the server lists)')
+    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
+                   help="/v1/completions or /v1/chat/completions (default completions)")
+    g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
+    if model_option:
+        g.add_argument("--model", metavar="FILE", help="the GGUF model whose tokenizer counts tokens when a "
+                                                     "server sends no usage (default: the installed model)")
 
 
 def _load_options(g: argparse._ArgumentGroup) -> None:
@@ -53,7 +66,7 @@ def _load_options(g: argparse._ArgumentGroup) -> None:
 
 
 def _workload_options(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--workload", choices=WORKLOADS, default="random")
+    g.add_argument("--workload", choices=WORKLOADS, default="random", help="what to send (default random)")
     g.add_argument("--input-len", type=int, default=128, metavar="N",
                    help="prompt tokens (shared-prefix: the question after the prefix; chat: each user turn)")
     g.add_argument("--output-len", type=int, default=128, metavar="N", help="max_tokens (default 128)")
@@ -78,6 +91,23 @@ def _result_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--check-metrics", action="store_true",
                    help="compare TTFT/ITL/TPOT/E2E with the server's /metrics histograms for the same run")
     g.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the options ask for."""
+
+    sweep: Sweep | None
+    shapes: list[LoadShape]
+    bounds: Bounds
+    slo: Slo | None
+    workload: Workload
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
+    """Raises ValueError for an option that does not parse, OSError for a dataset that cannot be read."""
+    sweep = sweep_of(args)
+    return Plan(sweep, shapes_of(args, sweep), bounds_of(args), slo_of(args), workload_of(args))
 
 
 def workload_of(args: argparse.Namespace) -> Workload:

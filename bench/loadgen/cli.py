@@ -1,10 +1,6 @@
-"""`pagedserve bench`: benchmark any OpenAI-compatible server (this one, or vLLM, llama.cpp's server, ...).
-
-Of the configuration flags every pagedserve command accepts, bench reads the connection ones: --host and
---port (where the server listens), --api-key (its first key is sent) and --served-model-name (the request's
-"model"; default: the first model the server lists). --model names the GGUF whose tokenizer counts output
-tokens when a server sends no usage. The scheduler, KV and backend flags configure a server, not this client,
-and are ignored with a note.
+"""The load generator's command: benchmark any OpenAI-compatible server (this one, or vLLM, llama.cpp's server,
+...). `python -m bench.loadgen` runs it as it is; `pagedserve bench` (bench/bench_cmd.py) runs it with a
+tokenizer for servers that send no usage. It takes only its own flags and reads no server configuration.
 """
 
 from __future__ import annotations
@@ -12,86 +8,67 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.loadgen.args import (
-    add_bench_options,
-    bounds_of,
-    shapes_of,
-    slo_of,
-    sweep_of,
-    workload_description,
-    workload_of,
-)
+from bench.loadgen.args import Plan, add_bench_options, bounds_of, plan_of, workload_description
 from bench.loadgen.measure import Measurement, Options, measure_all
+from bench.loadgen.metrics import TokenCounter
 from bench.loadgen.plot import plot_frontier
 from bench.loadgen.progress import LineProgress, NoProgress
 from bench.loadgen.report import format_cross_check, format_summary, write_json
 from bench.loadgen.spec import Target
-from service.cli import Command
-from service.config_load import flags_of
 
-CONNECTION_FLAGS = ("host", "port", "api_key", "served_model_name", "model")
-EXIT_USAGE, EXIT_ALL_FAILED = 2, 1
-
-
-class LazyTokenCounter:
-    """Counts tokens with the model's tokenizer, loaded on first use (only when a server sends no usage)."""
-
-    def __init__(self, model: str | None) -> None:
-        self.model = model
-        self._encode: Any = None
-
-    def __call__(self, text: str) -> int:
-        if self._encode is None:
-            from backends.model.loader import open_model  # noqa: PLC0415  (only if ever needed)
-
-            self._encode = open_model(self.model)[1].tokenizer.encode
-        return len(self._encode(text))
+DESCRIPTION = "benchmark an OpenAI-compatible server (streaming load, latency percentiles, sweeps)"
+EXIT_ALL_FAILED, EXIT_USAGE = 1, 2
+OpenTokenizer = Callable[[str | None], TokenCounter]  # --model's path (None: not given) -> a token counter
 
 
-def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("Configuration flags: bench reads --host, --port, --api-key, --served-model-name and --model "
-                     "(tokenizer for servers that send no usage); the others configure a server and are ignored.")
-    add_bench_options(parser)
+def build_parser(prog: str | None = None, description: str = DESCRIPTION, model_option: bool = False
+                 ) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_bench_options(parser, model_option)
+    return parser
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None, description: str = DESCRIPTION,
+         open_tokenizer: OpenTokenizer | None = None) -> int:
+    """A bad option value is a usage error (this command's usage, exit 2); `open_tokenizer` adds `--model`."""
+    parser = build_parser(prog, description, open_tokenizer is not None)
+    args = parser.parse_args(argv)
+    count = open_tokenizer(args.model) if open_tokenizer is not None else None
     try:
-        sweep = sweep_of(args)
-        shapes, bounds, slo, workload = shapes_of(args, sweep), bounds_of(args), slo_of(args), workload_of(args)
-    except ValueError as exc:
+        return _run(args, _plan(parser, args), count)
+    except OSError as exc:  # --dataset not readable, --out or --plot not writable
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    flags = flags_of(args)
-    _note_ignored(flags)
-    target = asyncio.run(_target(args, flags))
+
+
+def _plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Plan:
+    try:
+        return plan_of(args)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits
+
+
+def _run(args: argparse.Namespace, plan: Plan, count_tokens: TokenCounter | None) -> int:
+    target = asyncio.run(_target(args))
     progress = NoProgress() if args.no_progress else LineProgress()
-    options = Options(slo, LazyTokenCounter(flags.get("model")), args.check_metrics, progress)
-    results = asyncio.run(measure_all(target, workload, shapes, bounds, options))
+    options = Options(plan.slo, count_tokens, args.check_metrics, progress)
+    results = asyncio.run(measure_all(target, plan.workload, plan.shapes, plan.bounds, options))
     _print(results)
-    labels = sweep.labels() if sweep is not None else [shapes[0].label()]
+    labels = plan.sweep.labels() if plan.sweep is not None else [plan.shapes[0].label()]
     _save(args, target, labels, results)
     return 0 if any(m.summary.completed for m in results) else EXIT_ALL_FAILED
 
 
-def _note_ignored(flags: dict[str, Any]) -> None:
-    ignored = sorted(name for name in flags if name not in CONNECTION_FLAGS)
-    if ignored:
-        names = ", ".join("--" + n.replace("_", "-") for n in ignored)
-        print(f"note: server settings ignored by bench: {names}", file=sys.stderr)
-
-
-async def _target(args: argparse.Namespace, flags: dict[str, Any]) -> Target:
-    base = args.base_url or f"http://{flags.get('host', '127.0.0.1')}:{flags.get('port', 8000)}"
-    keys = [k.strip() for item in flags.get("api_key") or () for k in str(item).split(",") if k.strip()]
-    key = keys[0] if keys else None
-    model = flags.get("served_model_name") or await _first_model(base, key)
-    return Target(base, args.endpoint, model, key, args.timeout)
+async def _target(args: argparse.Namespace) -> Target:
+    base = args.base_url or f"http://{args.host}:{args.port}"
+    model = args.served_model_name or await _first_model(base, args.api_key)
+    return Target(base, args.endpoint, model, args.api_key, args.timeout)
 
 
 async def _first_model(base_url: str, api_key: str | None) -> str | None:
@@ -136,7 +113,3 @@ def _point(label: str, m: Measurement, with_requests: bool) -> dict[str, Any]:
     if with_requests:
         point["requests"] = m.requests
     return point
-
-
-BENCH = Command("bench", "benchmark an OpenAI-compatible server (streaming load, latency percentiles, sweeps)",
-                _configure, _run)

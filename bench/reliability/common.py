@@ -15,7 +15,7 @@ import aiohttp
 from bench.loadgen.promtext import gauge_values
 
 NEIGHBOUR = {"prompt": "A neighbour's story", "max_tokens": 64, "stream": True, "ignore_eos": True}
-_USED_BLOCKS = re.compile(r'^pagedserve_kv_cache_blocks\{state="used"\} (\S+)$', re.MULTILINE)
+_USED_BLOCKS = re.compile(r'^pagedserve:kv_cache_blocks\{state="used"\} (\S+)$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ async def metric_values(session: aiohttp.ClientSession, url: str, names: tuple[s
 async def engine_state(session: aiohttp.ClientSession, url: str) -> EngineState:
     text = await metrics_text(session, url)
     gauges, used = gauge_values(text), _USED_BLOCKS.search(text)
-    return EngineState(int(gauges.get("pagedserve_num_requests_running", -1)),
-                       int(gauges.get("pagedserve_num_requests_waiting", -1)),
+    return EngineState(int(gauges.get("pagedserve:num_requests_running", -1)),
+                       int(gauges.get("pagedserve:num_requests_waiting", -1)),
                        int(float(used.group(1))) if used else -1)
 
 

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # What must be back to zero: (sample name, labels it must have), by name in the report.
 GAUGES = {
-    "running": ("pagedserve_num_requests_running", {}),
-    "waiting": ("pagedserve_num_requests_waiting", {}),
-    "kv blocks used": ("pagedserve_kv_cache_blocks", {"state": "used"}),
+    "running": ("pagedserve:num_requests_running", {}),
+    "waiting": ("pagedserve:num_requests_waiting", {}),
+    "kv blocks used": ("pagedserve:kv_cache_blocks", {"state": "used"}),
 }
 # The exception line that ends a traceback: the first unindented line after "Traceback (most recent call last):".
 _RAISED = re.compile(r"^Traceback \(most recent call last\):\n(?:[ \t].*\n|\n)*([^\n]*)", re.MULTILINE)

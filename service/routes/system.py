@@ -36,10 +36,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[REGISTRY_KEY])
-    runtime = request.app[STATE_KEY].runtime
-    if runtime is not None and runtime.telemetry is not None:
-        body += runtime.telemetry.render()  # the engine's latency histograms and counters
+    body = generate_latest(request.app[REGISTRY_KEY])  # telemetry's metrics included: it registers there
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

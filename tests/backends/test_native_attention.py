@@ -4,7 +4,6 @@ choice of kernels."""
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,8 +19,9 @@ from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, Kerne
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
+from tests.backends.compiler import require_gcc
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 
 
 def model_of(head_dim: int) -> tuple[ModelConfig, ModelWeights]:
@@ -177,8 +177,7 @@ def test_a_compiler_without_openmp_builds_single_threaded(tmp_path: Path, monkey
 
 def test_the_default_build_is_threaded(tmp_path: Path) -> None:
     """With gcc (CI's and this machine's compiler) the kernels are built with OpenMP."""
-    if shutil.which("gcc") is None:
-        pytest.skip("no gcc")
+    require_gcc()  # CI=true: a failure when missing
     assert NativeMatmul(cache_dir=tmp_path, max_rows=4).threaded
 
 

@@ -4,8 +4,6 @@ smaller steps, and every step without AMX, are the exact kernels, bit for bit.""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -17,7 +15,7 @@ from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, to_bfloat16
 from backends.numpy_backend.native.weights import STORED_TYPES
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
 
@@ -32,7 +30,14 @@ def exact(fast: NativeMatmul) -> NativeMatmul:
     return NativeMatmul(cache_dir=fast.library_path.parent)
 
 
-needs_tiles = pytest.mark.skipif(not NativeMatmul().fast_uses_tiles, reason="no AMX tiles on this machine")
+@pytest.fixture(scope="module")
+def tiles(fast: NativeMatmul) -> None:
+    """A skip where the process may not use AMX tiles: the machine lacks them, so CI may too."""
+    if not fast.fast_uses_tiles:
+        pytest.skip("no AMX tiles on this machine")
+
+
+needs_tiles = pytest.mark.usefixtures("tiles")
 
 
 def stored(qtype: Q, rows: int, cols: int, seed: int = 0) -> QuantMatrix:

@@ -7,7 +7,6 @@ copy's results bit for bit where the sums run in 8 lanes, within float32 roundin
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import readable
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
 FLOATS = (Q.F16, Q.BF16)
 
@@ -131,12 +130,12 @@ def _has_avx2() -> bool:
 
 
 @pytest.mark.skipif(not _has_avx2(), reason="the CPU cannot run an AVX2 build")
-def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path) -> None:
+def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path, c_compiler: str) -> None:
     """The kernels without AVX-512 (each value converted and scaled, where AVX-512 looks values up in a table of
     the block's 16; 8-lane sums): built for a Haswell, run here: gguf's values, and the float32 copy's results
     bit for bit."""
     library = tmp_path / "matmul_haswell.so"
-    done = subprocess.run(["cc", *(f for f in FLAGS if f != "-march=native"), "-march=haswell", *OPENMP, "-o",
+    done = subprocess.run([c_compiler, *(f for f in FLAGS if f != "-march=native"), "-march=haswell", *OPENMP, "-o",
                            str(library), str(SOURCE_DIR / "matmul_rows.c"), "-lm"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     haswell = NativeMatmul(cache_dir=tmp_path / "unused")

@@ -1,4 +1,5 @@
-"""`pagedserve bench`: its options, and a sweep against a live sim server that writes JSON and a PNG."""
+"""`pagedserve bench`: its own options only, usage errors with its own usage, and a sweep against a live sim
+server that writes JSON and a PNG."""
 
 from __future__ import annotations
 
@@ -10,16 +11,25 @@ from pathlib import Path
 import pytest
 
 from backends.model.loader import open_model
+from bench.bench_cmd import LazyTokenCounter
 from bench.loadgen.args import shapes_of, workload_of
+from bench.loadgen.cli import build_parser
 from bench.loadgen.sweep import parse_sweep
 from bench.loadgen.workloads import ChatWorkload, FileWorkload, SharedPrefixWorkload
-from service.cli import build_parser, commands, main
+from service.cli import main
 from service.config import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 
 
 def parse(*argv: str) -> object:
-    return build_parser(commands()).parse_args(["bench", *argv])
+    return build_parser().parse_args(argv)
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +66,46 @@ def test_workloads_from_options(tmp_path: Path) -> None:
 
 
 def test_bad_options_exit_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--sweep", "nonsense", "--no-progress"]) == 2
-    assert "error: bad sweep" in capsys.readouterr().err
+    err = usage_error(capsys, "bench", "--sweep", "nonsense", "--no-progress")
+    assert err.startswith("usage: pagedserve bench ") and "pagedserve bench: error: bad sweep" in err
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs", "--backend", "--kv-cache-memory"])
+def test_server_settings_are_not_bench_flags(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    err = usage_error(capsys, "bench", flag, "4")
+    assert err.startswith("usage: pagedserve bench ") and f"unrecognized arguments: {flag} 4" in err
+
+
+def test_help_lists_only_the_bench_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and out.startswith("usage: pagedserve bench ")
+    for flag in ("--base-url", "--host", "--port", "--api-key", "--served-model-name", "--model", "--sweep"):
+        assert flag in out
+    assert "--max-num-seqs" not in out and "--config" not in out and "ignored" not in out
+
+
+def test_the_load_generator_alone_has_no_model_option() -> None:
+    assert "--model" not in build_parser().format_help()
+    args = parse("--host", "localhost", "--port", "9000", "--api-key", "k", "--served-model-name", "m")
+    assert (args.host, args.port, args.api_key, args.served_model_name) == (  # type: ignore[attr-defined]
+        "localhost", 9000, "k", "m")
+
+
+def test_pagedserve_bench_counts_with_the_models_tokenizer() -> None:
+    text = "The capital of France is Paris."
+    assert LazyTokenCounter(None)(text) == len(open_model()[1].tokenizer.encode(text)) > 1
 
 
 def test_sweep_writes_json_and_plot(server: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run.json"
     code = main(["bench", "--base-url", server.url, "--sweep", "concurrency=1,3", "--num-requests", "6",
                  "--input-len", "8", "--output-len", "4", "--lengths", "lognormal", "--slo", "ttft=2s,tpot=1s",
-                 "--out", str(out), "--save-requests", "--check-metrics", "--no-progress", "--max-num-seqs", "4"])
+                 "--out", str(out), "--save-requests", "--check-metrics", "--no-progress"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "Output token throughput" in captured.out and "cross-check" in captured.out
-    assert "ignored by bench: --max-num-seqs" in captured.err
     data = json.loads(out.read_text())
     assert data["target"]["model"] == "SmolLM2-135M-Instruct"  # from /v1/models
     assert [p["label"] for p in data["points"]] == ["concurrency=1", "concurrency=3"]

@@ -11,9 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import NoReturn
 
-import pytest
-
 from backends.cupy_backend import launch
+from tests import required
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO / "backends" / "cupy_backend" / "kernels"
@@ -30,15 +29,9 @@ class BuildWarning(UserWarning):
     """A compiler printed warnings for a kernel or emulation build (shown in pytest's warnings summary)."""
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
 def unavailable(message: str) -> NoReturn:
     """A tool the test needs is missing: fail under CI, where these checks must run; skip elsewhere."""
-    if in_ci():
-        pytest.fail(f"{message}; CI must run the CUDA kernel checks")
-    pytest.skip(message)
+    required.unavailable(message, "the CUDA kernel checks")
 
 
 def require(tool: str) -> str:

@@ -46,14 +46,14 @@ class FakeCublas:
         self.pointer_mode = 1  # device mode, so the GEMM must switch to host mode and back
         self.modes_seen: list[int] = []
 
-    def getPointerMode(self, handle: int) -> int:  # noqa: N802 - CuPy's name
+    def getPointerMode(self, handle: int) -> int:
         return self.pointer_mode
 
-    def setPointerMode(self, handle: int, mode: int) -> None:  # noqa: N802
+    def setPointerMode(self, handle: int, mode: int) -> None:
         self.pointer_mode = mode
         self.modes_seen.append(mode)
 
-    def gemmEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int,  # noqa: N802
+    def gemmEx(self, handle: int, transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int,
                a_type: int, lda: int, b: int, b_type: int, ldb: int, beta: int, c: int, c_type: int, ldc: int,
                compute: int, algo: int) -> None:
         assert self.pointer_mode == 0, "alpha/beta are host pointers"

@@ -53,10 +53,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer, pre_tokenizers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase  # noqa: E402
+import numpy as np
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT_PATH = Path(__file__).resolve().parent / "smollm2_golden.json"

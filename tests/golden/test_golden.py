@@ -15,7 +15,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
@@ -84,7 +84,7 @@ def test_greedy_continuation_is_identical(model: LoadedModel, backend: NumpyBack
     case = PROMPTS[name]
     expected = case["greedy_ids"]
     decided = next((i for i, m in enumerate(case["greedy_top2_margins"]) if m < MARGIN_FLOOR), len(expected))
-    llm = LLM(SchedulerConfig(), KVCacheManager(64, 16, max_model_len=2048), backend, model.files.tokenizer,
+    llm = LLM(SchedulerConfig(), PagedKVCacheManager(64, 16), backend, model.files.tokenizer,
               max_model_len=2048)
     out = llm.generate([case["token_ids"]], SamplingParams(temperature=0.0, max_tokens=len(expected)))[0]
     assert out.choices[0].token_ids[:decided] == expected[:decided]

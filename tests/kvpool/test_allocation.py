@@ -2,45 +2,45 @@ import pytest
 
 from kvpool import (
     DuplicateSequenceError,
-    KVCacheManager,
     KVPoolError,
     NoFreeBlocksError,
+    PagedKVCacheManager,
     UnknownSequenceError,
 )
 from kvpool.table import slots_for
-from tests.kvpool.helpers import free_queue, snapshot
+from tests.kvpool.helpers import append, free_queue, num_tokens, slots, snapshot
 
 
-def make(num_blocks: int = 8, block_size: int = 4, caching: bool = True) -> KVCacheManager:
-    return KVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
+def make(num_blocks: int = 8, block_size: int = 4, caching: bool = True) -> PagedKVCacheManager:
+    return PagedKVCacheManager(num_blocks, block_size, enable_prefix_caching=caching)
 
 
-def test_allocate_hands_out_blocks_in_order_with_slots() -> None:
+def test_allocate_hands_out_blocks_in_order() -> None:
     manager = make()
-    allocation = manager.allocate(1, list(range(10)), 10)
-    assert allocation.num_cached_tokens == 0
-    assert allocation.slots == list(range(10))
+    assert manager.allocate(1, list(range(10)), 10) == 0  # nothing cached
     assert manager.block_table(1) == [0, 1, 2]
-    assert manager.num_tokens(1) == 10
-    allocation = manager.allocate(2, [50, 51, 52], 3)
+    assert slots(manager, 1, 0, 10) == list(range(10))
+    assert num_tokens(manager, 1) == 10
+    manager.allocate(2, [50, 51, 52], 3)
     assert manager.block_table(2) == [3]
-    assert allocation.slots == [12, 13, 14]
-    assert manager.num_free_blocks() == 4
+    assert slots(manager, 2, 0, 3) == [12, 13, 14]
+    assert manager.stats().free_blocks == 4
     manager.check_invariants()
 
 
 def test_chunked_prefill_then_decode_slots() -> None:
     manager = make()
     prompt = list(range(100, 110))
-    assert manager.allocate(1, prompt, 6).slots == [0, 1, 2, 3, 4, 5]
-    assert manager.append_slots(1, prompt, 4) == [6, 7, 8, 9]  # second chunk grows by one block
+    manager.allocate(1, prompt, 6)
+    assert slots(manager, 1, 0, 6) == [0, 1, 2, 3, 4, 5]
+    assert append(manager, 1, prompt, 4) == [6, 7, 8, 9]  # second chunk grows by one block
     assert manager.block_table(1) == [0, 1, 2]
     tokens = [*prompt, 7, 8, 9]
-    assert manager.append_slots(1, tokens[:11], 1) == [10]
-    assert manager.append_slots(1, tokens[:12], 1) == [11]
-    assert manager.append_slots(1, tokens, 1) == [12]  # first token of a new block
+    assert append(manager, 1, tokens[:11], 1) == [10]
+    assert append(manager, 1, tokens[:12], 1) == [11]
+    assert append(manager, 1, tokens, 1) == [12]  # first token of a new block
     assert manager.block_table(1) == [0, 1, 2, 3]
-    assert manager.append_slots(1, tokens, 0) == []
+    assert append(manager, 1, tokens, 0) == []
     manager.check_invariants()
 
 
@@ -86,8 +86,7 @@ def test_append_out_of_blocks_returns_none_and_changes_nothing() -> None:
     tokens = list(range(9))
     manager.allocate(1, tokens, 8)
     before = snapshot(manager, [1])
-    assert not manager.can_append(1, 1)
-    assert manager.append_slots(1, tokens, 1) is None
+    assert append(manager, 1, tokens, 1) is None
     assert snapshot(manager, [1]) == before
 
 
@@ -96,9 +95,9 @@ def test_preempt_then_retry_after_freeing_someone() -> None:
     manager.allocate(1, list(range(8)), 8)
     manager.allocate(2, [9], 1)
     tokens = list(range(9))
-    assert manager.append_slots(1, tokens, 1) is None
+    assert append(manager, 1, tokens, 1) is None
     manager.free(2)  # the scheduler preempts seq 2 ...
-    assert manager.append_slots(1, tokens, 1) == [8]  # ... and retries: seq 2's block comes back
+    assert append(manager, 1, tokens, 1) == [8]  # ... and retries: seq 2's block comes back
     assert manager.block_table(1) == [0, 1, 2]
 
 
@@ -110,9 +109,7 @@ def test_error_cases() -> None:
     with pytest.raises(UnknownSequenceError):
         manager.free(2)
     with pytest.raises(UnknownSequenceError):
-        manager.append_slots(2, [1], 1)
-    with pytest.raises(UnknownSequenceError):
-        manager.can_append(2, 1)
+        manager.append([2], [[1]], [1])
     with pytest.raises(UnknownSequenceError):
         manager.block_table(2)
     with pytest.raises(UnknownSequenceError):
@@ -122,7 +119,7 @@ def test_error_cases() -> None:
     manager.free(1)
     with pytest.raises(UnknownSequenceError):  # double free
         manager.free(1)
-    assert manager.num_free_blocks() == 8
+    assert manager.stats().free_blocks == 8
     manager.check_invariants()
 
 
@@ -140,13 +137,14 @@ def test_allocate_rejects_bad_token_counts(tokens: list[int], num_tokens: int) -
 
 
 def test_append_needs_the_tokens_it_covers() -> None:
+    # Checked off the decode fast paths: a one-token append trusts the scheduler to know its token first.
     manager = make()
     manager.allocate(1, [1, 2], 2)
     with pytest.raises(ValueError):
-        manager.append_slots(1, [1, 2], 1)
+        manager.append([1], [[1, 2, 3]], [2])
     with pytest.raises(ValueError):
-        manager.append_slots(1, [1, 2, 3], -1)
-    assert manager.num_tokens(1) == 2
+        manager.append([1], [[1, 2, 3]], [-1])
+    assert num_tokens(manager, 1) == 2
 
 
 def test_slots_for_spans_blocks() -> None:

@@ -1,21 +1,22 @@
-from kvpool import KVCacheManager
+import pytest
+
+from kvpool import NoFreeBlocksError, PagedKVCacheManager
 from kvpool.prefix_cache import BlockHasher
-from tests.kvpool.helpers import free_queue, snapshot
+from tests.kvpool.helpers import append, free_queue, slots, snapshot
 
 PROMPT = list(range(10))  # bs 4: two full blocks + 2 tokens
 
 
-def make(num_blocks: int = 8) -> KVCacheManager:
-    return KVCacheManager(num_blocks, 4)
+def make(num_blocks: int = 8) -> PagedKVCacheManager:
+    return PagedKVCacheManager(num_blocks, 4)
 
 
 def test_shared_prefix_is_reused_and_last_token_recomputed() -> None:
     manager = make()
     manager.allocate(1, PROMPT, 10)
     assert manager.num_cached_tokens(PROMPT) == 8
-    allocation = manager.allocate(2, PROMPT, 10)
-    assert allocation.num_cached_tokens == 8
-    assert allocation.slots == [12, 13]
+    assert manager.allocate(2, PROMPT, 10) == 8
+    assert slots(manager, 2, 8, 10) == [12, 13]
     assert manager.block_table(2) == [0, 1, 3]
     stats = manager.stats()
     assert (stats.prefix_queries, stats.prefix_hits, stats.used_blocks) == (20, 8, 4)
@@ -67,8 +68,7 @@ def test_revived_blocks_leave_the_free_queue() -> None:
     manager = make()
     manager.allocate(1, PROMPT, 10)
     manager.free(1)
-    allocation = manager.allocate(2, [*PROMPT, 10, 11], 12)
-    assert allocation.num_cached_tokens == 8
+    assert manager.allocate(2, [*PROMPT, 10, 11], 12) == 8
     assert manager.block_table(2) == [0, 1, 2]
     assert free_queue(manager) == [3, 4, 5, 6, 7]
     assert manager.stats().cached_free_blocks == 0
@@ -79,16 +79,13 @@ def test_can_allocate_does_not_count_revived_blocks_as_free() -> None:
     manager = make(num_blocks=4)
     manager.allocate(1, list(range(9)), 9)
     manager.free(1)
-    assert manager.num_free_blocks() == 4
+    assert manager.stats().free_blocks == 4
     assert manager.can_allocate(list(range(16)), 16)  # 2 cached + 2 new
     longer = list(range(20))  # 2 cached + 3 new, but reviving leaves only 2 free
     assert not manager.can_allocate(longer, 20)
     before = snapshot(manager, [])
-    try:
+    with pytest.raises(NoFreeBlocksError):
         manager.allocate(2, longer, 20)
-        raise AssertionError("allocate should have failed")
-    except Exception as error:
-        assert type(error).__name__ == "NoFreeBlocksError"
     assert snapshot(manager, []) == before
     manager.allocate(2, list(range(16)), 16)
     assert manager.block_table(2) == [0, 1, 2, 3]
@@ -127,7 +124,7 @@ def test_decode_tokens_fill_blocks_that_become_cached() -> None:
     manager.allocate(1, tokens, 3)
     for token in (4, 5, 6):
         tokens.append(token)
-        manager.append_slots(1, tokens, 1)
+        append(manager, 1, tokens, 1)
     assert manager.num_cached_tokens([1, 2, 3, 4, 5]) == 4
     manager.free(1)
     assert manager.num_cached_tokens([1, 2, 3, 4, 5]) == 4  # preempted work survives in the cache
@@ -147,10 +144,10 @@ def test_reset_prefix_cache_forgets_everything() -> None:
 
 
 def test_caching_disabled_never_hits() -> None:
-    manager = KVCacheManager(8, 4, enable_prefix_caching=False)
+    manager = PagedKVCacheManager(8, 4, enable_prefix_caching=False)
     manager.allocate(1, PROMPT, 10)
     assert manager.num_cached_tokens(PROMPT) == 0
-    assert manager.allocate(2, PROMPT, 10).num_cached_tokens == 0
+    assert manager.allocate(2, PROMPT, 10) == 0
     assert manager.block_table(2) == [3, 4, 5]
     assert manager.stats().prefix_queries == 20
 

@@ -1,6 +1,14 @@
 import pytest
 
-from kvpool import KVCacheManager, KVPoolConfig, KVSpec, parse_size
+from kvpool import (
+    ContiguousKVCacheManager,
+    KVPoolConfig,
+    KVSpec,
+    PagedKVCacheManager,
+    kv_cache_manager_from_config,
+    new_kv_cache_manager,
+    parse_size,
+)
 
 SMOLLM2 = KVSpec(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=4, block_size=16)
 
@@ -54,29 +62,35 @@ def test_config_validates(kwargs: dict[str, object]) -> None:
 
 
 def test_from_config_uses_memory_budget() -> None:
-    manager = KVCacheManager.from_config(KVPoolConfig(kv_cache_memory="2GiB"), SMOLLM2, max_model_len=8192)
+    manager = kv_cache_manager_from_config(KVPoolConfig(kv_cache_memory="2GiB"), SMOLLM2, max_model_len=8192)
     assert (manager.num_blocks, manager.block_size) == (2912, 16)
-    assert manager.enable_prefix_caching and manager.kv_layout == "paged"
+    assert isinstance(manager, PagedKVCacheManager)
+    manager.allocate(1, list(range(33)), 33)
+    assert manager.num_cached_tokens(list(range(33))) == 32  # prefix caching is on by default
 
 
 def test_from_config_num_blocks_overrides_budget() -> None:
     config = KVPoolConfig(num_blocks=100, enable_prefix_caching=False, kv_layout="contiguous")
-    manager = KVCacheManager.from_config(config, SMOLLM2, max_model_len=1024)
+    manager = kv_cache_manager_from_config(config, SMOLLM2, max_model_len=1024)
     assert manager.num_blocks == 100
-    assert not manager.enable_prefix_caching and manager.kv_layout == "contiguous"
+    assert isinstance(manager, ContiguousKVCacheManager)
+    manager.allocate(1, [1], 1)
+    assert manager.stats().free_blocks == 100 - 1024 // 16  # max_model_len reserved
 
 
 def test_from_config_rejects_block_size_mismatch() -> None:
     with pytest.raises(ValueError):
-        KVCacheManager.from_config(KVPoolConfig(block_size=32), SMOLLM2, max_model_len=8192)
+        kv_cache_manager_from_config(KVPoolConfig(block_size=32), SMOLLM2, max_model_len=8192)
 
 
-def test_manager_validates_arguments() -> None:
+def test_caches_validate_arguments() -> None:
     with pytest.raises(ValueError):
-        KVCacheManager(0, 16)
+        PagedKVCacheManager(0, 16)
     with pytest.raises(ValueError):
-        KVCacheManager(8, 0)
+        PagedKVCacheManager(8, 0)
     with pytest.raises(ValueError):
-        KVCacheManager(8, 16, kv_layout="ragged")
+        new_kv_cache_manager("ragged", 8, 16, max_model_len=128)
+    with pytest.raises(ValueError):
+        ContiguousKVCacheManager(8, 16, max_model_len=0)
     with pytest.raises(ValueError):  # one contiguous sequence would not fit
-        KVCacheManager(8, 16, kv_layout="contiguous", max_model_len=8 * 16 + 1)
+        ContiguousKVCacheManager(8, 16, max_model_len=8 * 16 + 1)

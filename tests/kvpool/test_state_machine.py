@@ -1,16 +1,18 @@
 """Random operation sequences against a model of the KV contents.
 
-The model writes each token into the slot the manager hands out and applies the reported block copies,
-so any sharing bug (a write into someone else's block, a stale prefix hit, a missed copy) shows up as a
-sequence whose slots no longer hold its own tokens.
+The model writes each token into its slot, read off the block table as a caller of append() keeps it (patched
+with the entries append() reports), and applies the reported block copies, so any sharing bug (a write into
+someone else's block, a stale prefix hit, a missed copy) shows up as a sequence whose slots no longer hold its
+own tokens.
 """
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvpool import KVCacheManager, NoFreeBlocksError
-from tests.kvpool.helpers import snapshot
+from kvpool import ContiguousKVCacheManager, NoFreeBlocksError, PagedKVCacheManager
+from kvpool.block_tables import BlockTables
+from tests.kvpool.helpers import blocks_needed, num_tokens, slots, snapshot
 
 FAMILIES = [[1, 2, 1, 3, 1, 2, 1, 4, 5, 6, 7, 8], [1, 2, 1, 3, 9, 9, 9, 9, 2, 2], [7] * 12]
 TAIL = st.integers(0, 3**14 - 1)  # up to 14 tokens in base 3: cheaper to draw than a list strategy
@@ -24,26 +26,21 @@ def base3_tokens(seed: int, length: int) -> list[int]:
 class KVPoolMachine(RuleBasedStateMachine):
     num_blocks = 16
     block_size = 4
-    kv_layout = "paged"
     caching = True
-    max_model_len = 64
 
     def __init__(self) -> None:
         super().__init__()
-        self.manager = KVCacheManager(
-            self.num_blocks,
-            self.block_size,
-            enable_prefix_caching=self.caching,
-            kv_layout=self.kv_layout,
-            max_model_len=self.max_model_len,
-        )
+        self.manager = self.new_manager()
         self.tokens: dict[int, list[int]] = {}  # every token each live sequence knows so far
         self.waiting: list[list[int]] = []  # preempted sequences, to be re-admitted
         self.kv: dict[int, int] = {}  # slot -> token whose KV it holds
-        self.mirror: dict[int, list[int]] = {}  # each table as a caller of append_many keeps it, from its changes
+        self.mirror: dict[int, list[int]] = {}  # each table as a caller of append keeps it, from its changes
         self.next_id = 0
 
     # --- helpers ---------------------------------------------------------------------------------
+
+    def new_manager(self) -> BlockTables:
+        return PagedKVCacheManager(self.num_blocks, self.block_size, enable_prefix_caching=self.caching)
 
     def _pick(self, pick: int) -> int:
         return sorted(self.tokens)[pick % len(self.tokens)]
@@ -58,23 +55,23 @@ class KVPoolMachine(RuleBasedStateMachine):
         assert len(slots) == len(tokens)
         self.kv.update(zip(slots, tokens, strict=True))
 
-    def _admit(self, tokens: list[int], num_tokens: int) -> bool:
+    def _admit(self, tokens: list[int], count: int) -> bool:
         seq_id, self.next_id = self.next_id, self.next_id + 1
         cached = self.manager.num_cached_tokens(tokens)
-        fits = self.manager.can_allocate(tokens, num_tokens)
+        fits = self.manager.can_allocate(tokens, count)
         before = snapshot(self.manager, list(self.tokens))
         try:
-            allocation = self.manager.allocate(seq_id, tokens, num_tokens)
+            served = self.manager.allocate(seq_id, tokens, count)
         except NoFreeBlocksError:
             assert not fits and snapshot(self.manager, list(self.tokens)) == before
             event("admission refused")
             return False
-        assert fits and allocation.num_cached_tokens == cached
+        assert fits and served == cached
         event("prefix hit" if cached else "prefix miss")
         assert cached % self.block_size == 0 and cached < len(tokens)
-        covered = self.manager.num_tokens(seq_id)
-        assert covered == max(num_tokens, cached)
-        self._write(allocation.slots, tokens[cached:covered])
+        covered = num_tokens(self.manager, seq_id)
+        assert covered == max(count, cached)
+        self._write(slots(self.manager, seq_id, cached, covered), tokens[cached:covered])
         self.tokens[seq_id] = tokens
         self.mirror[seq_id] = self.manager.block_table(seq_id)
         return True
@@ -95,50 +92,43 @@ class KVPoolMachine(RuleBasedStateMachine):
             self.waiting.pop(0)
 
     @precondition(lambda self: self.tokens)
-    @rule(pick=st.integers(0, 99), count=st.integers(1, 6), new=TAIL)
-    def append(self, pick: int, count: int, new: int) -> None:
-        seq_id = self._pick(pick)
-        tokens, start = self.tokens[seq_id], self.manager.num_tokens(seq_id)
-        tokens.extend(base3_tokens(new, max(0, start + count - len(tokens))))
-        fits = self.manager.can_append(seq_id, count)
-        before = snapshot(self.manager, list(self.tokens))
-        slots = self.manager.append_slots(seq_id, tokens, count)
-        if slots is None:
-            assert not fits and snapshot(self.manager, list(self.tokens)) == before
-            event("append out of blocks")
-            return
-        assert fits and self.manager.num_tokens(seq_id) == start + count
-        self._write(slots, tokens[start : start + count])
-        self.mirror[seq_id] = self.manager.block_table(seq_id)
-
-    @precondition(lambda self: self.tokens)
-    @rule(picks=st.lists(st.integers(0, 99), min_size=1, max_size=4), counts=st.lists(st.integers(1, 5), min_size=4,
+    @rule(picks=st.lists(st.integers(0, 99), min_size=1, max_size=4), counts=st.lists(st.integers(1, 6), min_size=4,
           max_size=4), new=TAIL)
-    def append_many(self, picks: list[int], counts: list[int], new: int) -> None:
-        """One step's appends for several sequences; the tables are followed through the reported changes."""
+    def append(self, picks: list[int], counts: list[int], new: int) -> None:
+        """One step's appends for one or more sequences; the tables are followed through the reported changes."""
         seq_ids = list(dict.fromkeys(self._pick(p) for p in picks))
         counts = counts[: len(seq_ids)]
-        starts = [self.manager.num_tokens(s) for s in seq_ids]
+        starts = [num_tokens(self.manager, s) for s in seq_ids]
         for seq_id, start, count in zip(seq_ids, starts, counts, strict=True):
             self.tokens[seq_id].extend(base3_tokens(new, max(0, start + count - len(self.tokens[seq_id]))))
-        changes: list[tuple[int, int, int]] = []
-        done = self.manager.append_many(seq_ids, [self.tokens[s] for s in seq_ids], counts, changes)
-        event("append_many out of blocks" if done < len(seq_ids) else "append_many")
+        before = snapshot(self.manager, list(self.tokens))
+        done, changes = self.manager.append(seq_ids, [self.tokens[s] for s in seq_ids], counts)
+        self._check_stop(seq_ids, counts, done, before)
         for index, position, block in changes:
             assert index < done
             table = self.mirror[seq_ids[index]]
             table.extend([-1] * (position + 1 - len(table)))
             table[position] = block
-        slots: list[int] = []
+        written_slots: list[int] = []
         written: list[int] = []
         for i, (seq_id, start, count) in enumerate(zip(seq_ids, starts, counts, strict=True)):
-            assert self.manager.num_tokens(seq_id) == (start + count if i < done else start)
+            assert num_tokens(self.manager, seq_id) == (start + count if i < done else start)
             if i < done:
                 table = self.mirror[seq_id]
-                slots += [table[p // self.block_size] * self.block_size + p % self.block_size
-                          for p in range(start, start + count)]
+                written_slots += [table[p // self.block_size] * self.block_size + p % self.block_size
+                                  for p in range(start, start + count)]
                 written += self.tokens[seq_id][start : start + count]
-        self._write(slots, written)
+        self._write(written_slots, written)
+
+    def _check_stop(self, seq_ids: list[int], counts: list[int], done: int, before: object) -> None:
+        """An append stops only at a sequence the free blocks cannot serve (as it found them: it changed
+        nothing for that one), and changes nothing when it stops at the first."""
+        if done == len(seq_ids):
+            event("append")
+            return
+        event("append out of blocks")
+        assert blocks_needed(self.manager, seq_ids[done], counts[done]) > self.manager.stats().free_blocks
+        assert done > 0 or snapshot(self.manager, list(self.tokens)) == before
 
     @precondition(lambda self: self.tokens)
     @rule(pick=st.integers(0, 99))
@@ -185,7 +175,8 @@ class KVPoolMachine(RuleBasedStateMachine):
         size = self.block_size
         for seq_id, tokens in self.tokens.items():
             table = self.manager.block_table(seq_id)
-            held = [self.kv.get(table[p // size] * size + p % size) for p in range(self.manager.num_tokens(seq_id))]
+            covered = range(num_tokens(self.manager, seq_id))
+            held = [self.kv.get(table[p // size] * size + p % size) for p in covered]
             assert held == tokens[: len(held)], f"seq {seq_id}"
 
     def teardown(self) -> None:
@@ -203,8 +194,9 @@ class NoCachingMachine(KVPoolMachine):
 
 class ContiguousMachine(KVPoolMachine):
     num_blocks = 40
-    kv_layout = "contiguous"
-    max_model_len = 32
+
+    def new_manager(self) -> BlockTables:
+        return ContiguousKVCacheManager(self.num_blocks, self.block_size, max_model_len=32)
 
 
 TestPagedPool = KVPoolMachine.TestCase

@@ -1,10 +1,11 @@
 import pytest
 
-from kvpool import KVCacheManager, KVInvariantError, KVStats
+from kvpool import ContiguousKVCacheManager, KVInvariantError, KVStats, PagedKVCacheManager
+from kvpool.block_tables import BlockTables
 
 
 def test_stats_snapshot() -> None:
-    manager = KVCacheManager(10, 4)
+    manager = PagedKVCacheManager(10, 4)
     assert manager.stats() == KVStats(10, 0, 0, 10, 0.0, 0, 0, 0.0, 0)
     manager.allocate(1, list(range(9)), 9)
     manager.allocate(2, list(range(9)), 9)
@@ -17,7 +18,7 @@ def test_stats_snapshot() -> None:
     assert manager.stats().cached_free_blocks == 2
 
 
-def corrupt(manager: KVCacheManager, how: str) -> None:
+def corrupt(manager: BlockTables, how: str) -> None:
     pool = manager._pool
     if how == "ref":
         pool.ref_counts[0] += 1
@@ -36,10 +37,19 @@ def corrupt(manager: KVCacheManager, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["ref", "free_and_used", "hash", "map", "duplicate", "table_length"])
 def test_check_invariants_catches_corruption(how: str) -> None:
-    manager = KVCacheManager(8, 4)
+    manager = PagedKVCacheManager(8, 4)
     manager.allocate(1, list(range(9)), 9)
     manager.check_invariants()
     corrupt(manager, how)
     with pytest.raises(AssertionError):
         manager.check_invariants()
     assert issubclass(KVInvariantError, AssertionError)
+
+
+def test_a_contiguous_table_must_hold_its_reservation() -> None:
+    manager = ContiguousKVCacheManager(8, 4, max_model_len=12)
+    manager.allocate(1, [1, 2], 2)
+    manager.check_invariants()
+    manager._pool.release([manager._tables[1].blocks.pop()])  # 2 tokens need 1 block, but 3 are reserved
+    with pytest.raises(KVInvariantError):
+        manager.check_invariants()

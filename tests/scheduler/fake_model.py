@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.base import StepBatch, StepOutput
-from kvpool import KVCacheManager
+from backends.base import Backend, Clock, KVGeometry, StepBatch, StepOutput
+from backends.step_shape import CostCoefficients
+from kvpool import new_kv_cache_manager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 
@@ -38,8 +39,19 @@ class PositionBackend:
     """The token sampled at position p of sequence s is EOS when p is a multiple of eos_every (0: never), else
     10 + (p + 7 s) % 40: choices of one request differ (a fork's first token is its parent's)."""
 
+    name = "position"
+    clock: Clock | None = None
+    step_is_instant = True
+    kv_geometry = KVGeometry(1, 1, 1)  # holds no KV: any shape
+
     def __init__(self, eos_every: int = 0) -> None:
         self.eos_every = eos_every
+
+    def cost_prior(self) -> CostCoefficients:
+        return CostCoefficients()
+
+    def init_cache(self, num_blocks: int, block_size: int) -> None:
+        pass
 
     def execute(self, batch: StepBatch) -> StepOutput:
         positions = batch.context_lens[batch.sample_rows].astype(np.int64)
@@ -54,12 +66,12 @@ def make_core(num_blocks: int, block_size: int = 4, max_model_len: int = 256, kv
               kv_max_model_len: int | None = None, enable_prefix_caching: bool = True, **config: object
               ) -> EngineCore:
     """An engine core over a fresh pool; the pool's own max_model_len (the contiguous reservation) may differ."""
-    kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching, kv_layout=kv_layout,
-                        max_model_len=kv_max_model_len or max_model_len)
+    kv = new_kv_cache_manager(kv_layout, num_blocks, block_size, max_model_len=kv_max_model_len or max_model_len,
+                              enable_prefix_caching=enable_prefix_caching)
     return EngineCore(SchedulerConfig(**config), kv, CharTokenizer(), max_model_len=max_model_len)  # type: ignore[arg-type]
 
 
-def run_step(core: EngineCore, backend: PositionBackend) -> bool:
+def run_step(core: EngineCore, backend: Backend) -> bool:
     """One plan, execute, commit; False when nothing could be scheduled."""
     plan = core.plan()
     if plan.batch is None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from backends.base import StepOutput
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.params import SamplingParams
 from scheduler.scheduler import Scheduler, SchedulerPlan
@@ -18,7 +18,7 @@ EOS = 2
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, **config: object
                    ) -> Scheduler:
-    kv = KVCacheManager(num_blocks, block_size, max_model_len=max_model_len)
+    kv = PagedKVCacheManager(num_blocks, block_size)
     return Scheduler(SchedulerConfig(**config), kv, max_model_len, frozenset({EOS}))  # type: ignore[arg-type]
 
 

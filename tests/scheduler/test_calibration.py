@@ -11,7 +11,7 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
 from backends.sim_backend.faults import InjectedFault
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.calibration import calibrate
 from scheduler.config import SchedulerConfig
 from scheduler.step_cost import StepCostModel
@@ -19,11 +19,11 @@ from scheduler.step_cost import StepCostModel
 BLOCK = 16
 
 
-def sim(files: ModelFiles, num_blocks: int, faults: str = "") -> tuple[SimBackend, KVCacheManager]:
+def sim(files: ModelFiles, num_blocks: int, faults: str = "") -> tuple[SimBackend, PagedKVCacheManager]:
     backend = create(BackendConfig(name="sim", sim_profile="cpu", sim_clock="virtual", sim_faults=faults), files)
     assert isinstance(backend, SimBackend)
     backend.init_cache(num_blocks, BLOCK)
-    return backend, KVCacheManager(num_blocks, BLOCK, max_model_len=2048)
+    return backend, PagedKVCacheManager(num_blocks, BLOCK)
 
 
 def test_calibration_fits_the_model_on_measured_steps_and_gives_every_block_back(files: ModelFiles) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.engine import Engine
 from scheduler.llm import LLM
@@ -41,7 +41,7 @@ def backend(model: LoadedModel) -> Iterator[NumpyBackend]:
 
 def make_llm(model: LoadedModel, backend: NumpyBackend, num_blocks: int = 160,
              observer: NullObserver | None = None) -> LLM:
-    kv = KVCacheManager(num_blocks, 16, max_model_len=2048)
+    kv = PagedKVCacheManager(num_blocks, 16)
     return LLM(SchedulerConfig(), kv, backend, model.files.tokenizer, max_model_len=2048, observer=observer)
 
 
@@ -54,7 +54,7 @@ def test_sixteen_concurrent_requests_give_what_each_gives_alone(model: LoadedMod
     alone = [make_llm(model, backend).generate([p], GREEDY)[0].choices[0].token_ids for p in prompts]
 
     async def concurrent() -> list[RequestOutput]:
-        kv = KVCacheManager(160, 16, max_model_len=2048)
+        kv = PagedKVCacheManager(160, 16)
         engine = Engine(SchedulerConfig(max_num_batched_tokens=64), kv, backend, model.files.tokenizer,
                         max_model_len=2048)
         await engine.start()

@@ -10,7 +10,7 @@ import pytest
 from backends.model.loader import ModelFiles
 from backends.step_shape import CostCoefficients
 from bench.closed_loop_sim import Load, simulate
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.scheduler import Scheduler, SchedulerPlan
 from scheduler.step_cost import StepCostModel
@@ -21,7 +21,7 @@ KNOWN = CostCoefficients(step=10e-3, token=1e-3, sampled=0.5e-3, context=0.01e-3
 
 
 def planner(target_ms: float, min_chunk: int = 8, budget: int = 512, num_blocks: int = 512) -> Scheduler:
-    kv = KVCacheManager(num_blocks, 4, max_model_len=1024)
+    kv = PagedKVCacheManager(num_blocks, 4)
     config = SchedulerConfig(max_num_batched_tokens=budget, itl_target_ms=target_ms, min_prefill_chunk=min_chunk)
     return Scheduler(config, kv, 1024, frozenset({EOS}), StepCostModel(KNOWN, refit_every=10**9))
 
@@ -115,7 +115,8 @@ def test_with_the_target_off_plans_are_the_fixed_budget_ones() -> None:
                 out.append((plan.prefill_tokens, plan.decode_tokens))
         return out
 
-    without_model = Scheduler(SchedulerConfig(max_num_batched_tokens=128), KVCacheManager(512, 4, max_model_len=1024),
+    without_model = Scheduler(SchedulerConfig(max_num_batched_tokens=128, itl_target_ms=0),
+                              PagedKVCacheManager(512, 4),
                               1024, frozenset({EOS}))
     assert run(planner(0.0, budget=128)) == run(without_model)
 
@@ -129,7 +130,8 @@ def test_with_the_target_off_plans_are_the_fixed_budget_ones() -> None:
 def test_on_the_virtual_clock_itl_p99_stays_within_the_target(files: ModelFiles, profile: str, sim_model: str,
                                                                config: SchedulerConfig, load: Load) -> None:
     off = simulate(files, profile, SchedulerConfig(max_num_seqs=config.max_num_seqs,
-                                                   max_num_batched_tokens=config.max_num_batched_tokens),
+                                                   max_num_batched_tokens=config.max_num_batched_tokens,
+                                                   itl_target_ms=0),
                    load, sim_model)
     on = simulate(files, profile, config, load, sim_model)
     target = config.itl_target_ms / 1e3
@@ -142,7 +144,7 @@ def test_on_the_virtual_clock_itl_p99_stays_within_the_target(files: ModelFiles,
 def jumpy_planner(target_ms: float) -> Scheduler:
     """Steps of more than 64 tokens take another path that costs 60 ms more (the NumPy backend's shape)."""
     coefficients = CostCoefficients(step=10e-3, token=1e-3, large=60e-3, large_above=64)
-    kv = KVCacheManager(1024, 4, max_model_len=2048)
+    kv = PagedKVCacheManager(1024, 4)
     return Scheduler(SchedulerConfig(itl_target_ms=target_ms, min_prefill_chunk=8), kv, 2048, frozenset({EOS}),
                      StepCostModel(coefficients, refit_every=10**9))
 

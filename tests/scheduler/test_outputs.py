@@ -5,7 +5,7 @@ from __future__ import annotations
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import create
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.outputs import ChoiceDelta, RequestStream, TokenLogprob
@@ -39,7 +39,7 @@ def test_usage_counts_every_choice_token(files: ModelFiles) -> None:
     """completion_tokens is counted per step as tokens are emitted: it must equal the choices' tokens."""
     backend = create(BackendConfig(name="sim", sim_profile="zero", sim_clock="virtual"), files)
     backend.init_cache(64, 16)
-    llm = LLM(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), KVCacheManager(64, 16), backend,
+    llm = LLM(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), PagedKVCacheManager(64, 16), backend,
               files.tokenizer, max_model_len=512)
     params = SamplingParams(temperature=0.9, seed=3, n=3, max_tokens=12, logprobs=True, stop=("e",))
     outs = llm.generate([[1000 + i for i in range(40)], [2000 + i for i in range(9)]], params)

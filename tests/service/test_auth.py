@@ -10,8 +10,8 @@ import pytest
 from openai import AuthenticationError, OpenAI
 
 from backends.model.loader import ModelFiles
-from service.auth import authorized
-from service.config import ServiceConfig
+from service.auth import authorized, load_keys
+from service.config import ConfigError, ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import exchange, parse_reply, post, request
 
@@ -81,8 +81,5 @@ def test_undecodable_authorization_bytes_are_401(auth_server: LiveServer, value:
 
 
 def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
-    from service.auth import load_keys
-    from service.config import ConfigError
-
     with pytest.raises(ConfigError, match="api_key_file"):
         load_keys(ServiceConfig(api_key_file=str(tmp_path / "absent")))

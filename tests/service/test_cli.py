@@ -1,4 +1,5 @@
-"""The `pagedserve` command in-process: generate prints only the text; load errors are one line, exit 2."""
+"""The `pagedserve` command in-process: generate prints only the text; load errors are one line, exit 2; a
+usage error shows the usage of the command that was run; serve's help explains every flag."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.cli import commands, main
+from service.settings import all_settings, default_text
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -79,3 +81,73 @@ def test_unknown_backend_exits_2(capsys: pytest.CaptureFixture[str], command: st
 
 def test_subcommands_are_registered_in_one_place() -> None:
     assert [c.name for c in commands()][:2] == ["serve", "generate"]
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert not out
+    return err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+    (["serve", "--max-num-seqs", "lots"], "argument --max-num-seqs: expected an integer, got 'lots'"),
+    (["serve", "--kv-layout", "sideways"], "argument --kv-layout: expected one of paged, contiguous, got 'sideways'"),
+    (["serve", "--preset", "fastest"], "argument --preset: expected one of latency, throughput, got 'fastest'"),
+    (["generate", "--prompt", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["generate"], "the following arguments are required: --prompt"),
+])
+def test_usage_errors_show_the_commands_usage(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                              message: str) -> None:
+    err = usage_error(capsys, *argv)
+    assert err.startswith(f"usage: pagedserve {argv[0]} ") and f"pagedserve {argv[0]}: error: {message}" in err
+
+
+def test_an_unknown_command_shows_the_top_level_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    err = usage_error(capsys, "serf", "--port", "0")
+    assert err.startswith("usage: pagedserve ") and "invalid choice: 'serf'" in err
+
+
+def test_top_level_help_names_every_command(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "2000")  # no help text wrapped
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for cmd in commands():
+        assert cmd.name in out and cmd.help in out
+
+
+def help_entries(text: str) -> dict[str, str]:
+    """Each option of a --help text, by its first flag: its usage and help joined on one line."""
+    entries: dict[str, str] = {}
+    flag = ""
+    for line in text.splitlines():
+        if line.startswith("  -"):
+            flag = line.split()[0].rstrip(",")
+            entries[flag] = line.strip()
+        elif flag and line.startswith("   "):
+            entries[flag] += " " + line.strip()
+        else:
+            flag = ""
+    return entries
+
+
+def test_serve_help_explains_every_flag(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "2000")  # no help text wrapped
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    entries = help_entries(capsys.readouterr().out)
+    for s in all_settings():
+        entry = entries[s.flag]
+        assert s.doc.text in entry and f"[default: {default_text(s)}]" in entry, entry
+        if s.doc.choices:
+            assert "{" + ",".join(s.doc.choices) in entry, entry
+    assert entries["--preset"].startswith("--preset {latency,throughput,none} ")
+    assert entries["--port"].startswith("--port INT ") and "[default: 8000]" in entries["--port"]
+    assert entries["--log-prompts"].startswith("--log-prompts, --no-log-prompts ")
+    assert "[default: false]" in entries["--log-prompts"]

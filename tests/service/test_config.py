@@ -9,7 +9,9 @@ import pytest
 
 from service.config import AppConfig, ConfigError
 from service.config_load import add_config_flags, flags_of, load_config
+from service.setting_docs import DOCS
 from service.settings import all_settings
+from service.settings_table import settings_table
 
 
 def parse_flags(*argv: str) -> dict[str, object]:
@@ -98,9 +100,9 @@ def test_unknown_env_var_is_named() -> None:
     ({"file": "[kv]\nenable_prefix_caching = 1\n"}, "enable_prefix_caching"),
     ({"env": {"PAGEDSERVE_PORT": "eighty"}}, "PAGEDSERVE_PORT"),
     ({"env": {"PAGEDSERVE_LOG_PROMPTS": "maybe"}}, "PAGEDSERVE_LOG_PROMPTS"),
-    ({"flags": ("--max-num-seqs", "lots")}, "--max-num-seqs"),
+    ({"flag_values": {"max_num_seqs": "lots"}}, "--max-num-seqs"),  # as given to load_config, unparsed
     ({"flags": ("--port", "70000")}, "port"),
-    ({"flags": ("--kv-layout", "sideways")}, "kv_layout"),
+    ({"flag_values": {"kv_layout": "sideways"}}, "kv_layout"),
     ({"flags": ("--read-timeout-s", "0")}, "read_timeout_s"),
     ({"env": {"PAGEDSERVE_KEEPALIVE_TIMEOUT_S": "-1"}}, "keepalive_timeout_s"),
     ({"file": "[service]\nmax_headers = 2\n"}, "max_headers"),
@@ -109,7 +111,7 @@ def test_unknown_env_var_is_named() -> None:
 def test_bad_values_are_named(tmp_path: Path, source: dict[str, object], named: str) -> None:
     path = write(tmp_path, str(source["file"])) if "file" in source else None
     env = source.get("env") or {}
-    flags = parse_flags(*source["flags"]) if "flags" in source else {}  # type: ignore[misc]
+    flags = parse_flags(*source["flags"]) if "flags" in source else source.get("flag_values", {})  # type: ignore[misc]
     with pytest.raises(ConfigError, match=named):
         load_config(path, env, flags)  # type: ignore[arg-type]
 
@@ -119,7 +121,38 @@ def test_missing_config_file(tmp_path: Path) -> None:
         load_config(str(tmp_path / "absent.toml"))
 
 
-def test_config_doc_lists_every_setting() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--max-num-seqs", "lots"), "argument --max-num-seqs: expected an integer, got 'lots'"),
+    (("--num-blocks", "many"), "argument --num-blocks: expected an integer (or none), got 'many'"),
+    (("--log-level", "loud"), "argument --log-level: expected one of debug, info, warning, error, got 'loud'"),
+])
+def test_flag_values_are_checked_as_they_are_parsed(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                                    message: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_flags(*argv)
+    assert message in capsys.readouterr().err
+
+
+def test_flags_reach_the_config_as_given() -> None:
+    flags = parse_flags("--num-blocks", "none", "--preset", "none", "--sim-model", "", "--log-level", "debug")
+    assert flags == {"num_blocks": "none", "preset": "none", "sim_model": "", "log_level": "debug"}
+    config = load_config(None, {}, flags)
+    assert config.kv.num_blocks is None and config.service.preset is None and config.service.log_level == "debug"
+
+
+def test_every_setting_is_explained() -> None:
+    names = {f"{s.section}.{s.key}" for s in all_settings()}
+    assert set(DOCS) == names, "settings without words, or words without a setting"
+    assert all(s.doc.text for s in all_settings())
+
+
+def test_every_choice_is_a_valid_value() -> None:
     for s in all_settings():
-        assert f"`{s.section}.{s.key}`" in doc and f"`{s.flag}`" in doc and f"`{s.env}`" in doc, s
+        for choice in s.doc.choices:
+            config = load_config(None, {s.env: choice})
+            assert getattr(getattr(config, s.section), s.key) == choice
+
+
+def test_config_doc_table_is_the_settings_table() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
+    assert settings_table() in doc, "docs/CONFIG.md's table is stale: python -m service.settings_table prints it"

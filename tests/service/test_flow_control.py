@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -20,6 +19,7 @@ from service.config import AppConfig, ServiceConfig
 from service.state import Runtime
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, sse_events
+from tests.waiting import wait_until
 
 LONG = {"prompt": "Tell me a long story", "max_tokens": 2000, "stream": True}
 
@@ -30,13 +30,6 @@ def slow_server(model_files: ModelFiles) -> Iterator[LiveServer]:
     server = LiveServer.start(config, cached_builder(model_files))
     yield server
     server.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 async def read_chunks(resp: aiohttp.ClientResponse, count: int) -> None:
@@ -62,7 +55,7 @@ def test_disconnect_aborts_and_frees_kv_blocks(slow_server: LiveServer) -> None:
             resp.close()  # drops the connection mid-stream
 
     asyncio.run(stream_then_hang_up())
-    wait_for(lambda: idle(slow_server), timeout=2.0)
+    wait_until(lambda: idle(slow_server), what="idle")
 
 
 def test_disconnect_before_an_unstreamed_answer_aborts(slow_server: LiveServer) -> None:
@@ -73,7 +66,7 @@ def test_disconnect_before_an_unstreamed_answer_aborts(slow_server: LiveServer) 
                 await session.post(slow_server.url + "/v1/completions", json={**LONG, "stream": False})
 
     asyncio.run(give_up())
-    wait_for(lambda: idle(slow_server), timeout=2.0)
+    wait_until(lambda: idle(slow_server), what="idle")
 
 
 def test_full_queue_answers_503_with_retry_after(slow_server: LiveServer) -> None:
@@ -82,7 +75,7 @@ def test_full_queue_answers_503_with_retry_after(slow_server: LiveServer) -> Non
             running = await session.post(slow_server.url + "/v1/completions", json=LONG)
             await read_chunks(running, 1)
             waiting = asyncio.create_task(session.post(slow_server.url + "/v1/completions", json=LONG))
-            await asyncio.to_thread(wait_for, lambda: slow_server.stats().num_waiting == 1)
+            await asyncio.to_thread(wait_until, lambda: slow_server.stats().num_waiting == 1)
             async with session.post(slow_server.url + "/v1/completions", json=LONG) as refused:
                 result = refused.status, refused.headers.get("Retry-After"), await refused.json()
             running.close()
@@ -92,7 +85,7 @@ def test_full_queue_answers_503_with_retry_after(slow_server: LiveServer) -> Non
     status, retry_after, body = asyncio.run(scenario())
     assert status == 503 and retry_after is not None and int(retry_after) >= 1
     assert body["error"]["code"] == "queue_full"
-    wait_for(lambda: idle(slow_server))
+    wait_until(lambda: idle(slow_server), what="idle")
     assert post(slow_server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).status == 200
 
 
@@ -107,7 +100,7 @@ def impatient_server(model_files: ModelFiles) -> Iterator[LiveServer]:
 def test_timeout_unstreamed_is_504_and_aborts(impatient_server: LiveServer) -> None:
     reply = post(impatient_server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 500})
     assert reply.status == 504 and reply.error()["code"] == "request_timeout"
-    wait_for(lambda: idle(impatient_server))
+    wait_until(lambda: idle(impatient_server), what="idle")
 
 
 def test_timeout_streamed_ends_with_error_event(impatient_server: LiveServer) -> None:
@@ -115,7 +108,7 @@ def test_timeout_streamed_ends_with_error_event(impatient_server: LiveServer) ->
     events = sse_events(reply.body)
     assert reply.status == 200 and events[-1] == "[DONE]"
     assert events[-2]["error"]["code"] == "request_timeout"
-    wait_for(lambda: idle(impatient_server))
+    wait_until(lambda: idle(impatient_server), what="idle")
 
 
 class FailingBackend:

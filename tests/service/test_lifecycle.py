@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.model.loader import ModelFiles
 from service.app import create_app
@@ -32,6 +33,9 @@ def gated(model_files: ModelFiles) -> Iterator[tuple[LiveServer, asyncio.Event]]
 
 def test_health_is_503_while_loading_then_200(gated: tuple[LiveServer, asyncio.Event]) -> None:
     server, gate = gated
+    metrics = request("GET", server.url + "/metrics").body.decode()
+    assert 'pagedserve:server_phase{phase="loading"} 1.0' in metrics
+    assert "pagedserve:num_requests_running 0.0" in metrics  # the engine's gauges are there before the engine
     health = request("GET", server.url + "/health")
     assert health.status == 503 and health.json() == {"status": "loading"}
     assert health.headers["Retry-After"] == "5"
@@ -59,13 +63,20 @@ def test_failed_load_reports_failed() -> None:
         server.close()
 
 
-def test_metrics_expose_engine_gauges(sim_server: LiveServer) -> None:
+def test_metrics_are_one_registry_with_one_name_per_metric(sim_server: LiveServer) -> None:
     assert post(sim_server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 1}).status == 200
-    text = request("GET", sim_server.url + "/metrics").body.decode()
-    for name in ("pagedserve_num_requests_running", "pagedserve_num_requests_waiting",
-                 "pagedserve_kv_cache_usage_ratio", 'pagedserve_server_phase{phase="ready"} 1.0',
-                 'pagedserve_http_requests_total{method="POST",route="/v1/completions",status="200"}'):
-        assert name in text
+    families = list(text_string_to_metric_families(request("GET", sim_server.url + "/metrics").body.decode()))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names)) and all(n.startswith("pagedserve:") for n in names), names
+    value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+    assert value["pagedserve:server_phase", (("phase", "ready"),)] == 1.0
+    answered = (("method", "POST"), ("route", "/v1/completions"), ("status", "200"))
+    assert value["pagedserve:http_requests_total", answered] >= 1
+    used, free = (value["pagedserve:kv_cache_blocks", (("state", s),)] for s in ("used", "free"))
+    assert used + free == 512 and value["pagedserve:kv_cache_usage_ratio", ()] == used / 512  # the live pool
+    # the engine's live gauges and telemetry's metrics, side by side in the one exposition
+    assert {"pagedserve:num_requests_running", "pagedserve:num_requests_waiting",
+            "pagedserve:time_to_first_token_seconds", "pagedserve:generation_tokens"} <= set(names)
 
 
 def test_models_card(sim_server: LiveServer) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from backends.sim_backend import SimBackend, create
-from kvpool import KVCacheManager
+from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.outputs import RequestOutput, RequestStream
@@ -91,7 +91,7 @@ def make_rig(files: ModelFiles, telemetry_factory: Callable[[Callable[[], float]
     backend.init_cache(num_blocks, BLOCK_SIZE)
     telemetry = telemetry_factory(backend.clock.now)
     tee = Tee(telemetry)
-    kv = KVCacheManager(num_blocks, BLOCK_SIZE, max_model_len=max_model_len)
+    kv = PagedKVCacheManager(num_blocks, BLOCK_SIZE)
     core = EngineCore(SchedulerConfig(**scheduler), kv, files.tokenizer, max_model_len=max_model_len,
                       observer=tee, clock=backend.clock.now)
     return Rig(core, backend, tee), telemetry

@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from telemetry import Telemetry, TelemetryConfig
+from backends.model.loader import ModelFiles
+from telemetry import TelemetryConfig
+from tests.service.live import LiveServer, cached_builder, sim_config
+from tests.service.rawhttp import request
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -75,7 +78,22 @@ def test_prometheus_scrapes_pagedserve() -> None:
     assert jobs["pagedserve"]["static_configs"][0]["targets"] == ["pagedserve:8000"]
 
 
-def test_grafana_dashboard_queries_metrics_that_exist() -> None:
+@pytest.fixture(scope="module")
+def exposed(files: ModelFiles) -> str:
+    """The /metrics text of a real server (sim backend): the service's gauges and telemetry's metrics."""
+    server = LiveServer.start(sim_config(), cached_builder(files))
+    try:
+        assert request("GET", server.url + "/health").status == 200  # an answer, for the HTTP counter to show
+        return request("GET", server.url + "/metrics").body.decode()
+    finally:
+        server.close()
+
+
+def is_exposed(name: str, exposed: str) -> bool:
+    return re.search(rf"^{re.escape(name)}(\{{| )", exposed, re.M) is not None
+
+
+def test_grafana_dashboard_queries_metrics_that_exist(exposed: str) -> None:
     provider = load(DEPLOY / "grafana/provisioning/dashboards/dashboards.yaml")["providers"][0]
     compose = load(ROOT / "docker-compose.yml")
     assert any(v.endswith(":" + provider["options"]["path"] + ":ro")
@@ -84,17 +102,21 @@ def test_grafana_dashboard_queries_metrics_that_exist() -> None:
     dashboard = json.loads((DEPLOY / "grafana/dashboards/pagedserve.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert all(p["datasource"]["uid"] in sources for p in dashboard["panels"])
-    telemetry = Telemetry(TelemetryConfig(exporter="none"))
-    exposed = telemetry.render().decode()
-    telemetry.shutdown()
     used = {m for e in exprs for m in re.findall(r"pagedserve:[a-z0-9_]+", e)}
     for name in used:
-        assert re.search(rf"^{re.escape(name)}(\{{| )", exposed, re.M), name
+        assert is_exposed(name, exposed), name
     titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
     for topic in ("first token", "inter-token", "per output token", "slow tokens", "throughput", "batch size",
                   "kv cache", "queue"):
         assert topic in titles, topic
     assert sum("histogram_quantile(0.99" in e for e in exprs) >= 3
+
+
+def test_the_deploy_readme_names_metrics_that_exist(exposed: str) -> None:
+    named = set(re.findall(r"`(pagedserve:[a-z][a-z0-9_]*)", (DEPLOY / "README.md").read_text()))
+    assert len(named) >= 5
+    for name in named:
+        assert is_exposed(name, exposed), name
 
 
 def test_dockerfile_installs_project_and_model() -> None:

@@ -106,7 +106,7 @@ def test_preempted_request_gap_is_preemption(files: ModelFiles) -> None:
 def test_decoder_sitting_out_steps_is_queue(files: ModelFiles) -> None:
     # Priority scheduling with a 64-token budget: a higher-priority long prompt joins the running batch ahead
     # of three decoders, and its full chunks take the whole budget, so the decoders sit out three steps.
-    rig, telemetry, exporter = traced(files, scheduling="priority", max_num_batched_tokens=64)
+    rig, telemetry, exporter = traced(files, scheduling="priority", max_num_batched_tokens=64, itl_target_ms=0)
     for i in range(3):
         rig.submit(f"d{i}", 8, 20, seed=i, priority=1)
     for _ in range(6):

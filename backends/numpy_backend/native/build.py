@@ -13,6 +13,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent
@@ -51,7 +52,10 @@ def build_library(source: Path, cache_dir: Path | None = None, compiler: str | N
 def _cached_build(cc: str, flags: tuple[str, ...], source: Path, cache_dir: Path | None) -> Path:
     target = (cache_dir or default_cache_dir()) / f"{source.stem}-{_build_key(source, cc, flags)}.so"
     if not target.exists():
+        start = time.perf_counter()
         _compile(cc, flags, source, target)
+        # once per source, compiler and CPU, on first use: why this start is slower than the next ones
+        log.info("compiled native kernels (%s) in %.1f s", source.stem, time.perf_counter() - start)
     return target
 
 
