@@ -3,9 +3,11 @@
 
     python -m bench.experiments.itl_target [--scale 1] [--rounds 2] [--skip-numpy] [--no-doc] [--no-progress]
 
-NumPy: one `pagedserve serve` per target (0 = off: the fixed token budget), all started first; 16 closed-loop
+NumPy over HTTP: one `pagedserve serve` per target (0 = off: the fixed token budget), all started first; 16 closed-loop
 clients, 256-token random prompts, 128 output tokens; the targets take turns round after round, so a host that
-speeds up or slows down moves them alike, and each point pools its rounds. Sim: the engine stepped on the
+speeds up or slows down moves them alike, and each point pools its rounds. NumPy engine alone: the same load
+stepped in this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps, to tell
+the scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
 virtual clock (bench/closed_loop_sim.py) for a Llama-3-8B shape on the h100 profile with the throughput preset
 (max_num_seqs 256, 8192-token budget): 64 clients, 1024-token prompts, 128 output tokens; exact and
 deterministic, so one round. Writes docs/results/itl-target.{json,png} and its block of PERFORMANCE.md.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import textwrap
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -22,8 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.config import BackendConfig
 from backends.model.loader import open_model
-from bench.closed_loop_sim import Load, SimResult, simulate
+from backends.numpy_backend.process_env import reexec_with_defaults
+from backends.registry import create_backend
+from bench.closed_loop_sim import Load, SimResult, run_engine, simulate
 from bench.experiments.common import Provenance, Setup, parser, publish, save, setup_of
 from bench.experiments.doc import table
 from bench.experiments.server import Server
@@ -42,6 +48,7 @@ SIM_TARGETS = (0.0, 25.0, 50.0, 100.0, 200.0)
 NUMPY_WORKLOAD = RandomWorkload(Lengths(256), Lengths(128), seed=0)
 NUMPY_CLIENTS, NUMPY_REQUESTS = 16, 48
 SIM_PROFILE, SIM_MODEL = "h100", "llama-3-8b"
+ENGINE_LOAD = Load(clients=NUMPY_CLIENTS, prompt_len=256, output_len=128, requests=NUMPY_REQUESTS)
 SIM_LOAD = Load(clients=64, prompt_len=1024, output_len=128, requests=384)
 
 
@@ -90,6 +97,26 @@ def _pooled(target: float, measurements: Sequence[Measurement]) -> Row:
                1e3 * float(np.percentile([m.ttft for m in ok if m.ttft is not None], 99)), tokens / seconds, len(ok))
 
 
+def engine_rows(setup: Setup, rounds: int) -> list[Row]:
+    """The NumPy backend without a server: targets take turns, each round a fresh backend and cache."""
+    _, files = open_model(None)
+    load = Load(ENGINE_LOAD.clients, ENGINE_LOAD.prompt_len, ENGINE_LOAD.output_len, setup.count(ENGINE_LOAD.requests))
+    results: dict[float, list[SimResult]] = {t: [] for t in NUMPY_TARGETS}
+    for r in range(rounds):
+        for target in NUMPY_TARGETS:
+            print(f"engine round {r + 1}/{rounds}: --itl-target-ms {target:g}", file=sys.stderr, flush=True)
+            backend = create_backend(BackendConfig(name="numpy"), files)
+            results[target].append(run_engine(backend, files, SchedulerConfig(itl_target_ms=target), load))
+    return [_engine_row(target, runs) for target, runs in results.items()]
+
+
+def _engine_row(target: float, runs: Sequence[SimResult]) -> Row:
+    pooled = {name: np.concatenate([getattr(r, name) for r in runs]) for name in ("itl", "tpot", "ttft")}
+    tokens, seconds = sum(r.output_tokens for r in runs), sum(r.duration for r in runs)
+    return Row(target, 1e3 * float(np.percentile(pooled["itl"], 99)), 1e3 * float(np.percentile(pooled["tpot"], 50)),
+               1e3 * float(np.percentile(pooled["ttft"], 99)), tokens / seconds, sum(len(r.ttft) for r in runs))
+
+
 def sim_rows(setup: Setup) -> list[Row]:
     _, files = open_model(None)
     preset = PRESETS["throughput"]
@@ -111,7 +138,7 @@ def plot(parts: dict[str, list[Row]], path: Path) -> None:
     fig, axes = plt.subplots(len(parts), 2, figsize=(11, 4.2 * len(parts)), constrained_layout=True, squeeze=False)
     for (name, rows), (left, right) in zip(parts.items(), axes, strict=True):
         for ax, x, label in ((left, "ttft_p99", "p99 TTFT (ms)"), (right, "throughput", "output tokens/s")):
-            ax.plot([getattr(r, x) for r in rows], [r.itl_p99 for r in rows], marker="o")
+            ax.plot([getattr(r, x) for r in rows], [r.itl_p99 for r in rows], marker="o", linestyle="none")
             for r in rows:
                 ax.annotate("off" if r.target_ms == 0 else f"{r.target_ms:g} ms", (getattr(r, x), r.itl_p99),
                             fontsize=8, xytext=(4, 4), textcoords="offset points")
@@ -119,7 +146,7 @@ def plot(parts: dict[str, list[Row]], path: Path) -> None:
             ax.set_ylabel("p99 ITL (ms)")
             ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
-            ax.set_title(name, fontsize=9)
+            ax.set_title(textwrap.fill(name, 60), fontsize=8)
     fig.suptitle("--itl-target-ms: stalls against time to first token and throughput", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -142,14 +169,15 @@ def report(parts: dict[str, list[Row]], info: dict[str, object]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2, help="NumPy rounds (default 2)")
-    p.add_argument("--skip-numpy", action="store_true")
+    p.add_argument("--skip-numpy", action="store_true", help="only the sim part")
     args = p.parse_args(argv)
     setup = setup_of(args)
     provenance = Provenance(COMMAND)
     parts = {}
     if not args.skip_numpy:
         parts[f"numpy (default model, gguf weights), {NUMPY_CLIENTS} clients, 256/128 tokens, "
-              f"{args.rounds} rounds"] = numpy_rows(setup, args.rounds)
+              f"{args.rounds} rounds, over HTTP"] = numpy_rows(setup, args.rounds)
+        parts[f"numpy engine alone (same load, no HTTP), {args.rounds} rounds"] = engine_rows(setup, args.rounds)
     parts[f"sim {SIM_PROFILE}, {SIM_MODEL} shape, throughput preset, {SIM_LOAD.clients} clients, "
           f"{SIM_LOAD.prompt_len}/{SIM_LOAD.output_len} tokens (virtual clock)"] = sim_rows(setup)
     info = provenance.finish()
@@ -161,4 +189,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_defaults("bench.experiments.itl_target")
     raise SystemExit(main())
