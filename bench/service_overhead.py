@@ -161,7 +161,7 @@ def engine_only(streams: int, max_tokens: int, rounds: int) -> tuple[float, floa
     """(tokens per wall second, tokens per CPU second) of the offline API on the same workload."""
     from scheduler.params import SamplingParams  # noqa: PLC0415
     from service.assemble import build_llm, build_parts  # noqa: PLC0415
-    from service.config_load import load_config  # noqa: PLC0415
+    from service.config import load_config  # noqa: PLC0415
 
     config = load_config(None, {}, {"backend": "sim", "num_blocks": "8192", "max_num_seqs": "256"})
     parts = build_parts(config)

@@ -26,6 +26,10 @@ class SchedulerConfig:
     # prefill takes whatever max_num_batched_tokens leaves.
     itl_target_ms: float = 100.0
     min_prefill_chunk: int = 32  # tokens a step's first prompt chunk always gets, however tight the target
+    # After every step, check that the scheduler's rows index exactly its running sequences, their tokens and
+    # the KV pool's block tables, and the pool's own invariants (O(blocks + rows) a step); a mismatch fails the
+    # engine. Off, the engine checks this only after a step whose results failed to apply part-way.
+    debug_checks: bool = False
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:

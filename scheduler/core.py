@@ -30,8 +30,9 @@ from scheduler.output_processor import (
 )
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
-from scheduler.scheduler import Scheduler, SchedulerPlan, StepUpdates
+from scheduler.scheduler import Scheduler
 from scheduler.sequence import SequenceStatus
+from scheduler.step import SchedulerPlan, StepUpdates
 from scheduler.step_check import out_of_vocabulary
 from scheduler.step_cost import StepCostModel
 from telemetry.interface import (
@@ -250,7 +251,8 @@ class EngineCore:
         self.observer.step_failed(cause)
 
     def check_consistency(self) -> None:
-        """Raises when the KV pool or the scheduler's rows are inconsistent (O(blocks + rows): for failures)."""
+        """Raises KVInvariantError or RowMismatchError when the KV pool or the scheduler's rows are inconsistent
+        (O(blocks + rows)): after a step that failed part-way, and after every step with debug_checks."""
         self.kv.check_invariants()
         self.scheduler.check_rows()
 

@@ -4,9 +4,9 @@ event loop keeps streaming while the model computes.
 The engine supervises its own steps. A step that fails (the backend raises, returns an unusable output, or a
 request's output cannot be processed) fails only the requests it touches, and the engine goes on. What it
 cannot go on from, it declares: the engine *fails* when a step hangs past the watchdog, when too many steps
-fail in a row, when a failure leaves the KV pool or the scheduler inconsistent, or on a bug in the loop itself.
-Then every request still in flight ends with an error, nothing more is admitted, and `wait_failed()` returns
-the cause, once, for the server to report and exit on.
+fail in a row, when a failure (with scheduler.debug_checks, any step) leaves the KV pool or the scheduler
+inconsistent, or on a bug in the loop itself. Then every request still in flight ends with an error, nothing
+more is admitted, and `wait_failed()` returns the cause, once, for the server to report and exit on.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from scheduler.errors import ENGINE_FAILED, EngineStoppedError
 from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
-from scheduler.scheduler import SchedulerPlan
+from scheduler.step import SchedulerPlan
 from scheduler.step_check import BadStepOutputError
 from scheduler.step_cost import StepCostModel
 from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
@@ -118,14 +118,18 @@ class Engine:
             await self._wake.wait()
             return
         plan = self._plan()
-        if plan.batch is None:  # waiting work that cannot be placed yet: let aborts/arrivals in
-            await asyncio.sleep(0.001)
-            return
+        if plan.batch is not None:
+            await self._step(plan)
+        if self.core.config.debug_checks:
+            self._check_consistency(f"engine step {plan.step_id}, checked with scheduler.debug_checks")
+        # Let readers and new arrivals run between steps; when waiting work cannot be placed yet, let aborts in.
+        await asyncio.sleep(0 if plan.batch is not None else 0.001)
+
+    async def _step(self, plan: SchedulerPlan) -> None:
         started = self.core.clock()
         output = await self._execute(plan)
         if output is not None:
             self._commit(plan, output, started)
-        await asyncio.sleep(0)  # let readers and new arrivals run between steps
 
     def _plan(self) -> SchedulerPlan:
         try:

@@ -43,5 +43,7 @@ class LLM:
                 raise RuntimeError("the scheduler could not place any waiting request (KV cache too small)")
             started = self.core.clock()
             self.core.commit(plan, self.backend.execute(plan.batch), started)
+            if self.core.config.debug_checks:
+                self.core.check_consistency()
             steps += 1
         return steps

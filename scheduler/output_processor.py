@@ -9,8 +9,9 @@ import numpy as np
 
 from scheduler.outputs import ChoiceDelta, RequestStream, TokenLogprob
 from scheduler.request import EngineRequest
-from scheduler.scheduler import Scheduler, StepUpdates
+from scheduler.scheduler import Scheduler
 from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.step import StepUpdates
 from scheduler.stop import Detokenizer, TextAssembler
 
 
@@ -104,19 +105,12 @@ def emit_token(state: RequestState, seq: Sequence, token: int, logprob: TokenLog
     if stop is None and not finished:
         state.stream.add_token(seq.index, text, token, logprob)
         return False
-    _stop_sequence(seq, stop, finished, scheduler)
+    if stop is not None:
+        scheduler.stop_on_string(seq, stop)
     state.stream.add_token(seq.index, text if stop is not None else text + state.texts[seq.index].finish(), token,
                            logprob)
     state.stream.end_choice(seq.index, seq.status.finish_reason, seq.stop_reason)
     return True
-
-
-def _stop_sequence(seq: Sequence, stop: str | None, finished: bool, scheduler: Scheduler) -> None:
-    """A stop string ends the sequence (the scheduler has already ended it if `finished`)."""
-    if stop is not None and not finished:
-        scheduler.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
-    elif stop is not None:  # a stop string outranks the token-level stop of the same token
-        seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
 
 
 def close_aborted(state: RequestState, error: str | None, code: str | None = None) -> None:

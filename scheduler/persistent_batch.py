@@ -1,9 +1,16 @@
 """The running sequences' rows: per-sequence arrays kept across steps (as vLLM v1's persistent input batch).
 
 A sequence gets a row when it starts running (admitted, forked) and gives it back when it stops (finished,
-preempted). Its row holds what a step needs of it as arrays: its block table, its sampling parameters, its
-stop conditions, its prompt length. What changes per step is patched into the row; what does not is written
-once. A step then gathers its rows in batch order, instead of building an object per sequence.
+preempted). Its row holds what a step needs of it as arrays, so a step gathers its rows in batch order
+instead of building an object per sequence. Each column has one writer:
+
+- `computed` (tokens whose KV is computed) lives only here: the scheduler advances it when it plans a step, and
+  `Sequence.num_computed_tokens` reads it through the sequence's row.
+- `num_tokens` and `last` index the sequence's own token list; `append_tokens` is the one place a running
+  sequence's tokens grow, and it writes the list and these columns together.
+- `blocks` copies the KV pool's block tables, which only the pool changes: a row is set from the pool's table
+  and then patched only with the changes the pool's `append` reports.
+- `prompt_lens`, `sampling` and `stops` derive from the sequence's fixed parameters, written when it gets a row.
 """
 
 from __future__ import annotations
@@ -12,35 +19,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backends.base import LongArray
+from backends.base import LongArray, SamplingInputs
 from kvpool import TableChange
 from scheduler.block_table import BlockTable, Index, grown
 from scheduler.sampling_inputs import SamplingColumns
 from scheduler.sequence import Sequence
 from scheduler.stop import StopColumns
 
+_TOKEN_COLUMNS = ("prompt_lens", "computed", "num_tokens", "last")
 
-@dataclass
-class TokenColumns:
-    """Per row, mirrored from its Sequence: prompt length, tokens with KV computed (num_computed_tokens), tokens
-    known (len(token_ids)) and the last of them, so a step reads each with one gather."""
 
-    prompt_lens: LongArray = field(default_factory=lambda: np.zeros(8, np.int64))
-    computed: LongArray = field(default_factory=lambda: np.zeros(8, np.int64))
-    known: LongArray = field(default_factory=lambda: np.zeros(8, np.int64))
-    last: LongArray = field(default_factory=lambda: np.zeros(8, np.int64))
+class RowMismatchError(Exception):
+    """The rows do not index the running sequences, their tokens or the KV pool's block tables."""
 
-    def set_row(self, row: int, seq: Sequence) -> None:
-        if row >= len(self.known):
-            self.prompt_lens, self.computed, self.known, self.last = (
-                grown(column, row + 1) for column in (self.prompt_lens, self.computed, self.known, self.last))
-        self.prompt_lens[row], self.computed[row] = seq.prompt_len, seq.num_computed_tokens
-        self.known[row], self.last[row] = len(seq.token_ids), seq.token_ids[-1]
 
-    def appended(self, rows: Index, tokens: LongArray) -> None:
-        """Each of these rows' sequences got one more token."""
-        self.known[rows] += 1
-        self.last[rows] = tokens
+def _column() -> LongArray:
+    return np.zeros(8, np.int64)
 
 
 @dataclass
@@ -50,35 +44,53 @@ class PersistentBatch:
     blocks: BlockTable = field(default_factory=BlockTable)
     sampling: SamplingColumns = field(default_factory=SamplingColumns)
     stops: StopColumns = field(init=False)
-    tokens: TokenColumns = field(default_factory=TokenColumns)
-    rows: dict[int, int] = field(default_factory=dict)  # seq_id -> row
-    seqs: list[Sequence | None] = field(default_factory=list)  # row -> its sequence
+    prompt_lens: LongArray = field(default_factory=_column)
+    computed: LongArray = field(default_factory=_column)
+    num_tokens: LongArray = field(default_factory=_column)
+    last: LongArray = field(default_factory=_column)
+    seqs: list[Sequence | None] = field(default_factory=list)  # row -> its sequence (Sequence.row is the inverse)
     version: int = 0  # changes whenever a row changes hands: it keys what steps reuse
     _free: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.stops = StopColumns(self.eos_ids, self.max_model_len)
 
-    def add(self, seq: Sequence, blocks: list[int]) -> int:
-        """A row for a sequence that starts running, with its block table as the KV manager has it."""
+    # --- rows changing hands ---------------------------------------------------------------------
+    def add(self, seq: Sequence, blocks: list[int], computed: int) -> None:
+        """A row for a sequence that starts running, with its block table as the KV pool has it and the tokens
+        whose KV it already holds (a cached prefix, or a forked parent's)."""
         row = self._free.pop() if self._free else len(self.seqs)
         if row == len(self.seqs):
             self.seqs.append(None)
-        self.rows[seq.seq_id], self.seqs[row] = row, seq
-        self.tokens.set_row(row, seq)
+            self._fit(row)
+        self.seqs[row], seq.row, seq.counters = seq, row, self
+        self.prompt_lens[row], self.computed[row] = seq.prompt_len, computed
+        self.num_tokens[row], self.last[row] = len(seq.token_ids), seq.token_ids[-1]
         self.blocks.set_row(row, blocks)
         self.sampling.set_row(row, seq)
         self.stops.set_row(row, seq)
         self.version += 1
-        return row
 
     def remove(self, seq: Sequence) -> None:
-        row = self.rows.pop(seq.seq_id)
+        """The sequence stops running: its row goes back, and with it its computed count (its KV is freed)."""
+        row = seq.row
         self.blocks.clear_row(row)
         self.sampling.clear_row(row, seq)
-        self.seqs[row] = None
+        self.seqs[row], seq.row, seq.counters = None, -1, None
         self._free.append(row)
         self.version += 1
+
+    # --- a step's changes --------------------------------------------------------------------------
+    def advance(self, rows: Index, ends: Index) -> None:
+        """A step computes these rows' tokens up to `ends` (the backend writes their KV before the next plan)."""
+        self.computed[rows] = ends
+
+    def append_tokens(self, seqs: list[Sequence], rows: Index, tokens: list[int], token_array: LongArray) -> None:
+        """seqs[i], in row rows[i], sampled tokens[i]: the only place a running sequence's tokens grow."""
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.token_ids.append(token)
+        self.num_tokens[rows] += 1
+        self.last[rows] = token_array
 
     def patch_blocks(self, rows: LongArray, changes: list[TableChange]) -> None:
         """Apply KVCacheManager.append's changes: (index into rows, block index, block id)."""
@@ -86,13 +98,38 @@ class PersistentBatch:
             index, positions, blocks = np.array(changes, np.int64).T
             self.blocks.patch(rows[index], positions, blocks)
 
-    def check(self, running: list[Sequence], kv_tables: dict[int, list[int]]) -> None:
-        """Every running sequence has a row that mirrors it and its block table (for tests; O(rows))."""
-        assert sorted(self.rows) == sorted(s.seq_id for s in running), "a row per running sequence"
+    def sampling_inputs(self, rows: Index, seqs: list[Sequence], forked: list[int]) -> SamplingInputs:
+        """See SamplingColumns.inputs: seqs[i] samples with row rows[i]'s parameters."""
+        return self.sampling.inputs(rows, seqs, forked, self.eos_ids, self.version, self.seqs)
+
+    # --- checking ----------------------------------------------------------------------------------
+    def check(self, running: list[Sequence], kv_tables: dict[int, list[int]], block_size: int) -> None:
+        """A row per running sequence and none else, each indexing its tokens and its KV pool block table, and
+        counting no more computed tokens than those blocks hold (O(rows)). Raises RowMismatchError."""
+        taken = [seq for seq in self.seqs if seq is not None]
+        _expect(sorted(s.seq_id for s in taken) == sorted(s.seq_id for s in running),
+                "the rows do not hold exactly the running sequences")
         for seq in running:
-            row = self.rows[seq.seq_id]
-            assert self.seqs[row] is seq
-            assert self.blocks.row(row) == kv_tables[seq.seq_id], f"seq {seq.seq_id}: block table"
-            assert (self.tokens.prompt_lens[row], self.tokens.computed[row], self.tokens.known[row],
-                    self.tokens.last[row]) == (seq.prompt_len, seq.num_computed_tokens, seq.num_tokens,
-                                               seq.token_ids[-1]), f"seq {seq.seq_id}: token columns"
+            self._check_row(seq, kv_tables[seq.seq_id], block_size)
+
+    def _check_row(self, seq: Sequence, table: list[int], block_size: int) -> None:
+        row = seq.row
+        _expect(0 <= row < len(self.seqs) and self.seqs[row] is seq and seq.counters is self,
+                f"seq {seq.seq_id}: not in its row {row}")
+        _expect(self.blocks.row(row) == table, f"seq {seq.seq_id}: row {self.blocks.row(row)}, KV pool {table}")
+        indexed = (int(self.prompt_lens[row]), int(self.num_tokens[row]), int(self.last[row]))
+        actual = (seq.prompt_len, seq.num_tokens, seq.token_ids[-1])
+        _expect(indexed == actual, f"seq {seq.seq_id}: row has (prompt, tokens, last) {indexed}, it has {actual}")
+        computed = int(self.computed[row])
+        _expect(0 <= computed <= min(seq.num_tokens, len(table) * block_size),
+                f"seq {seq.seq_id}: {computed} computed tokens, {seq.num_tokens} tokens, {len(table)} blocks")
+
+    def _fit(self, row: int) -> None:
+        if row >= len(self.computed):
+            for name in _TOKEN_COLUMNS:
+                setattr(self, name, grown(getattr(self, name), row + 1))
+
+
+def _expect(ok: bool, message: str) -> None:
+    if not ok:
+        raise RowMismatchError(message)

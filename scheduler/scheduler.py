@@ -14,9 +14,10 @@ step and finishes, and the queue behind it moves up. Preemption costs only recom
 more than `max_preemptions` times fails instead (the pool is too small for the load), which bounds that cost.
 
 A step's cost does not grow with Python objects per sequence: each running sequence owns a row of persistent
-arrays (PersistentBatch: block table, token counts, sampling and stop parameters) patched only where something
-changed, so planning is NumPy gathers over the rows plus one tight KV append loop, and update() appends the
-tokens and leaves the stop checks to NumPy except for the few sequences that may have stopped.
+arrays (PersistentBatch: its computed-token count, which lives only there; its token count and last token; its
+KV block table as the pool reported it; its sampling and stop parameters), so planning is NumPy gathers over
+the rows plus one tight KV append loop, and update() appends the tokens and leaves the stop checks to NumPy
+except for the few sequences that may have stopped.
 """
 
 from __future__ import annotations
@@ -24,74 +25,53 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
-from backends.base import LongArray, SamplingInputs, StepBatch, StepOutput
+from backends.base import IntArray, LongArray, StepOutput
 from backends.step_shape import StepShape
 from kvpool import KVCacheManager
-from scheduler.batch_builder import Samples, ScheduledSeq, StepColumns, StepWork, build_step_batch, lay_out
-from scheduler.block_table import Index
+from scheduler.batch_builder import build_batch
 from scheduler.config import SchedulerConfig
-from scheduler.outputs import TokenLogprob
 from scheduler.persistent_batch import PersistentBatch
 from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
+from scheduler.step import SchedulerPlan, StepUpdates, token_logprobs
 from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
 
 AIM = 0.97  # of the ITL target, divided by the cost model's headroom: what prefill may fill a step up to
+_Columns = tuple[LongArray, IntArray, IntArray]  # rows, starts and counts of scheduled sequences
 
 
-@dataclass(frozen=True)
-class SampleState:
-    """What update() needs of the plan besides its sampled sequences."""
-
-    param_rows: LongArray  # persistent row whose parameters and stop conditions each sampled sequence uses
-    num_tokens: LongArray  # each one's token count when planned
-    forks: list[Sequence]  # parents whose pending choices fork once this step's token is in
-    version: int  # the persistent rows' version when planned: unchanged at update means nothing was aborted
+def _no_columns() -> _Columns:
+    return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)
 
 
-@dataclass(frozen=True)
-class SchedulerPlan:
-    step_id: int
-    batch: StepBatch | None  # None when nothing could be scheduled
-    seqs: list[Sequence] = field(default_factory=list)  # scheduled, in batch order
-    starts: Index = field(default_factory=lambda: np.zeros(0, np.int32))  # first position each computes
-    counts: Index = field(default_factory=lambda: np.zeros(0, np.int32))  # tokens each computes this step
-    sampled: list[Sequence] = field(default_factory=list)  # one per row of batch.sample_rows
-    preempted: list[Sequence] = field(default_factory=list)
-    failed: list[Sequence] = field(default_factory=list)  # preempted once too often: ended, their requests fail
-    admitted: list[Sequence] = field(default_factory=list)  # taken from the waiting queue this step
-    prefill: tuple[int, ...] = ()  # indices into seqs of prompt chunks or recomputes (not one decode token)
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    sample_state: SampleState | None = None
-    shape: StepShape | None = None  # what the step does, for the cost model (None without one)
-    predicted_s: float = 0.0  # the cost model's prediction of its time when planned
+@dataclass
+class _Chosen:
+    """The step's sequences as the scheduler picks them, in batch order: the running ones in bulk, as arrays,
+    then the admitted ones one at a time."""
 
-    @property
-    def mixed(self) -> bool:
-        """Prompt tokens beside decode tokens: the steps whose size an ITL target decides."""
-        return self.prefill_tokens > 0 and self.decode_tokens > 0
+    seqs: list[Sequence] = field(default_factory=list)
+    seq_ids: list[int] = field(default_factory=list)
+    running: _Columns = field(default_factory=_no_columns)
+    admitted: list[Sequence] = field(default_factory=list)
+    _added: list[tuple[int, int, int]] = field(default_factory=list)  # admitted: row, start, count
 
-    @cached_property
-    def scheduled(self) -> list[ScheduledSeq]:
-        """An object per scheduled sequence, built only for readers that want one."""
-        items = zip(self.seqs, self.starts.tolist(), self.counts.tolist(), strict=True)
-        return [ScheduledSeq(*item) for item in items]
+    def add(self, seq: Sequence, start: int, count: int) -> None:
+        self.seqs.append(seq)
+        self.seq_ids.append(seq.seq_id)
+        self.admitted.append(seq)
+        self._added.append((seq.row, start, count))
 
-
-@dataclass(frozen=True)
-class StepUpdates:
-    """A step's new tokens as columns: one per sampled sequence still running when the step ended."""
-
-    seqs: list[Sequence]
-    token_ids: list[int]
-    finished: frozenset[int] = frozenset()  # positions of the sequences a token-level stop ended
-    logprobs: list[TokenLogprob | None] | None = None  # per position, when the step returned logprobs
+    def columns(self) -> _Columns:
+        if not self._added:
+            return self.running
+        rows, starts, counts = np.array(self._added, np.int64).T
+        run_rows, run_starts, run_counts = self.running
+        return (np.concatenate((run_rows, rows)), np.concatenate((run_starts, starts.astype(np.int32))),
+                np.concatenate((run_counts, counts.astype(np.int32))))
 
 
 class Scheduler:
@@ -144,46 +124,42 @@ class Scheduler:
     # --- planning --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerPlan:
         self._step_id += 1
-        work = StepWork()
+        chosen = _Chosen()
         evicted: list[Sequence] = []
         time = self._prefill_time()
-        budget = self._schedule_running(self.config.max_num_batched_tokens, work, evicted, time)
+        budget = self._schedule_running(self.config.max_num_batched_tokens, chosen, evicted, time)
         if not evicted and self._may_admit():
-            self._admit(budget, work, time)
+            self._admit(budget, chosen, time)
         copies = self.kv.take_block_copies()
         preempted, failed = _split_evicted(evicted) if evicted else (evicted, [])
-        if not work.seqs:
+        if not chosen.seqs:
             return SchedulerPlan(self._step_id, None, preempted=preempted, failed=failed)
-        return self._plan(work, copies, preempted, failed)
+        return self._plan(chosen, copies, preempted, failed)
 
-    def _schedule_running(self, budget: int, work: StepWork, evicted: list[Sequence], time: PrefillTime | None
+    def _schedule_running(self, budget: int, chosen: _Chosen, evicted: list[Sequence], time: PrefillTime | None
                           ) -> int:
         """Running sequences in order until the budget is spent: a decode token each, or a prompt chunk."""
         if not self.running:
             return budget
         ids, rows = self._running_index()
-        lists = [s.token_ids for s in self.running]
-        starts, num_tokens = self.rows.tokens.computed[rows], self.rows.tokens.known[rows]
-        needs = num_tokens - starts
+        starts = self.rows.computed[rows]
+        needs = self.rows.num_tokens[rows] - starts
         if time is not None:
             needs = _timed_chunks(needs, starts, budget, time)
         counts = _budgeted(needs, budget)
-        count_list = counts.tolist()
-        k = self._append_running(ids, rows, lists, count_list, evicted)
-        work.seqs, work.seq_ids, work.token_lists = self.running[:k], list(ids[:k]), lists[:k]
-        work.running = StepColumns(rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32),
-                                   num_tokens[:k])
+        k = self._append_running(ids, rows, counts.tolist(), evicted)
+        chosen.seqs, chosen.seq_ids = self.running[:k], list(ids[:k])
+        chosen.running = rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32)
         if time is not None and not counts[:k].all():  # prompts the target left out of this step
-            _drop_idle(work)
-        for seq, count in zip(work.seqs, work.running.counts.tolist(), strict=True):
-            seq.num_computed_tokens += count  # the backend computes them before the next plan
+            _drop_idle(chosen)
         return budget - int(counts[:k].sum())
 
-    def _append_running(self, ids: tuple[int, ...], rows: LongArray, lists: list[list[int]], counts: list[int],
-                        evicted: list[Sequence]) -> int:
+    def _append_running(self, ids: tuple[int, ...], rows: LongArray, counts: list[int], evicted: list[Sequence]
+                        ) -> int:
         """Slots for the running sequences' tokens; when blocks run out, the tail of the running list (perhaps
         the sequence itself) gives its blocks back. Returns how many stay scheduled."""
         k = len(counts)
+        lists = [s.token_ids for s in self.running]
         done, changes = self.kv.append(ids[:k], lists, counts)
         while done < k:
             victim = self.running[-1]
@@ -199,12 +175,11 @@ class Scheduler:
     def _running_index(self) -> tuple[tuple[int, ...], LongArray]:
         """Seq ids and rows of the running list, rebuilt only when a row changed hands (the list did too)."""
         if self._index[0] != self.rows.version:
-            index = self.rows.rows
             self._index = (self.rows.version, tuple(s.seq_id for s in self.running),
-                           np.array([index[s.seq_id] for s in self.running], np.int64))
+                           np.array([s.row for s in self.running], np.int64))
         return self._index[1], self._index[2]
 
-    def _admit(self, budget: int, work: StepWork, time: PrefillTime | None) -> None:
+    def _admit(self, budget: int, chosen: _Chosen, time: PrefillTime | None) -> None:
         if not self.waiting:
             return
         # Choices still to fork hold their seats already, so forking never overfills a step.
@@ -219,41 +194,30 @@ class Scheduler:
             count = min(need, budget) if time is None else time.chunk(need, cached, budget)
             if count == 0 or not self.kv.can_allocate(seq.token_ids, cached + count):
                 return
-            self._admit_one(self.waiting.popleft(), cached + count, work)
+            self._admit_one(self.waiting.popleft(), cached + count, chosen)
             budget -= count
 
-    def _admit_one(self, seq: Sequence, num_tokens: int, work: StepWork) -> None:
+    def _admit_one(self, seq: Sequence, num_tokens: int, chosen: _Chosen) -> None:
         cached = self.kv.allocate(seq.seq_id, seq.token_ids, num_tokens)
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = cached
-        seq.num_computed_tokens = cached
         seq.status = SequenceStatus.RUNNING
-        self._insert_running(seq)
-        work.add(seq, self.rows.rows[seq.seq_id], seq.num_computed_tokens, num_tokens - seq.num_computed_tokens)
-        seq.num_computed_tokens = num_tokens
+        self._insert_running(seq, cached)
+        chosen.add(seq, cached, num_tokens - cached)
 
-    def _plan(self, work: StepWork, copies: list[tuple[int, int]], preempted: list[Sequence],
+    def _plan(self, chosen: _Chosen, copies: list[tuple[int, int]], preempted: list[Sequence],
               failed: list[Sequence]) -> SchedulerPlan:
-        cols = work.columns()
-        self.rows.tokens.computed[cols.rows] = cols.starts + cols.counts
-        layout = lay_out(work, cols, self.rows.tokens)
-        samples = layout.samples
-        param_rows = cols.rows[samples.batch_rows]
-        batch = build_step_batch(self._step_id, work, cols, layout, self.rows.blocks, self.kv.block_size,
-                                 self._sampling(samples, param_rows), copies)
-        prefill_tokens = int(cols.counts[layout.prefill].sum())
-        state = SampleState(param_rows, cols.num_tokens[samples.batch_rows], samples.forks, self.rows.version)
+        rows, starts, counts = chosen.columns()
+        self.rows.advance(rows, starts + counts)  # the backend computes them before the next plan
+        batch, sampled, forks, prefill = build_batch(self._step_id, chosen.seqs, chosen.seq_ids, rows, starts,
+                                                     counts, self.rows, self.kv.block_size, copies)
+        prefill_tokens = int(counts[prefill].sum())
         shape = None if self.cost is None else StepShape.of(batch)
-        return SchedulerPlan(self._step_id, batch, work.seqs, cols.starts, cols.counts, samples.seqs, preempted,
-                             failed, work.admitted, tuple(layout.prefill.tolist()), prefill_tokens,
-                             batch.num_tokens - prefill_tokens, state, shape,
-                             0.0 if shape is None or self.cost is None else self.cost.predict(shape))
-
-    def _sampling(self, samples: Samples, param_rows: Index) -> SamplingInputs | None:
-        if not samples.seqs:
-            return None
-        return self.rows.sampling.inputs(param_rows, samples.seqs, samples.forked, self.eos_ids,
-                                         self.rows.version, self.rows.seqs)
+        return SchedulerPlan(self._step_id, batch, chosen.seqs, rows, starts, counts, sampled, forks, preempted,
+                             failed, chosen.admitted, tuple(prefill.tolist()), prefill_tokens,
+                             batch.num_tokens - prefill_tokens, shape,
+                             0.0 if shape is None or self.cost is None else self.cost.predict(shape),
+                             self.rows.version)
 
     def _may_admit(self) -> bool:
         return self.config.batching == "continuous" or not self._batch_decoding
@@ -264,10 +228,9 @@ class Scheduler:
         if self.cost is None or self.config.itl_target_ms <= 0 or not self.running:
             return None
         _, rows = self._running_index()
-        tokens = self.rows.tokens
-        starts, known = tokens.computed[rows], tokens.known[rows]
+        starts, known = self.rows.computed[rows], self.rows.num_tokens[rows]
         decoding = (known - starts == 1)
-        if not (decoding & (known > tokens.prompt_lens[rows])).any():
+        if not (decoding & (known > self.rows.prompt_lens[rows])).any():
             return None
         n, context = int(decoding.sum()), int((starts[decoding] + 1).sum())
         decode = self.cost.coefficients.seconds(StepShape(n, n, context, context))
@@ -278,31 +241,22 @@ class Scheduler:
     # --- applying a step's results ---------------------------------------------------------------
     def update(self, plan: SchedulerPlan, output: StepOutput) -> StepUpdates:
         """Append each sampled token, fork pending choices, and finish sequences that hit a stop."""
-        state = plan.sample_state
-        if state is None or not plan.sampled:
+        if plan.batch is None or not plan.sampled:
             return StepUpdates([], [])
-        maybe_stopped = self.rows.stops.candidates(state.param_rows, output.token_ids, state.num_tokens + 1)
-        intact = state.version == self.rows.version  # nothing was aborted while the step ran
-        self._fork_children(state.forks)
-        seqs, tokens, index = plan.sampled, output.token_ids.tolist(), None
+        intact = plan.version == self.rows.version  # no row changed hands while the step ran: nothing aborted
+        self._fork_children(plan.forks)
+        seqs, tokens, token_array = plan.sampled, output.token_ids.tolist(), output.token_ids
+        rows, index = plan.rows[plan.batch.sample_rows], None  # the rows whose parameters each sampled with
         if not intact:
             index, seqs, tokens = _running_only(seqs, tokens)
-            maybe_stopped = maybe_stopped[index]
-        self._append_tokens(seqs, tokens, state, output.token_ids if index is None else output.token_ids[index])
+            rows, token_array = rows[index], token_array[index]
+        maybe_stopped = self.rows.stops.candidates(rows, token_array, self.rows.num_tokens[rows] + 1)
+        own = rows if index is None and not plan.forks else np.array([s.row for s in seqs], np.int64)
+        self.rows.append_tokens(seqs, own, tokens, token_array)
         finished = self._finish_stopped(seqs, maybe_stopped)
         if seqs and self.config.batching == "static":
             self._batch_decoding = bool(self.running)
-        return StepUpdates(seqs, tokens, finished, _logprobs(output, seqs, tokens, index))
-
-    def _append_tokens(self, seqs: list[Sequence], tokens: list[int], state: SampleState, token_array: LongArray
-                       ) -> None:
-        for seq, token in zip(seqs, tokens, strict=True):
-            seq.token_ids.append(token)
-        if len(seqs) == len(state.param_rows) and not state.forks:  # each sampled from its own row
-            rows = state.param_rows
-        else:
-            rows = np.array([self.rows.rows[seq.seq_id] for seq in seqs], np.int64)
-        self.rows.tokens.appended(rows, token_array)
+        return StepUpdates(seqs, tokens, finished, token_logprobs(output, seqs, tokens, index))
 
     def _finish_stopped(self, seqs: list[Sequence], maybe_stopped: np.ndarray) -> frozenset[int]:
         """check_token_stop decides, for the few sequences the NumPy pre-check could not rule out."""
@@ -319,14 +273,22 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING and seq.children:
                 for child in seq.children:
                     self.kv.fork(seq.seq_id, child.seq_id)
-                    child.num_computed_tokens = seq.num_computed_tokens
                     child.status = SequenceStatus.RUNNING
-                    self._insert_running(child)
+                    self._insert_running(child, seq.num_computed_tokens)
                 seq.children = []
 
+    def stop_on_string(self, seq: Sequence, stop: str) -> None:
+        """A stop string in the output ends the sequence; it outranks a token-level stop of the same token."""
+        if seq.status.finished:
+            seq.status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, stop
+        else:
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED, stop)
+
     def check_rows(self) -> None:
-        """The persistent rows mirror the running sequences and their block tables (for tests; O(rows))."""
-        self.rows.check(self.running, {s.seq_id: self.kv.block_table(s.seq_id) for s in self.running})
+        """The persistent rows index exactly the running sequences, their tokens and their KV pool block tables
+        (O(rows)); raises RowMismatchError."""
+        tables = {s.seq_id: self.kv.block_table(s.seq_id) for s in self.running}
+        self.rows.check(self.running, tables, self.kv.block_size)
 
     # --- queues ----------------------------------------------------------------------------------
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
@@ -339,14 +301,15 @@ class Scheduler:
         else:
             self.waiting.append(seq)
 
-    def _insert_running(self, seq: Sequence) -> None:
-        """Into the running list, and a row with the block table the KV manager just gave it."""
+    def _insert_running(self, seq: Sequence, computed: int) -> None:
+        """Into the running list, and a row with the block table the KV manager just gave it and the tokens
+        whose KV that table already holds."""
         if self._by_priority:
             keys = [s.sort_key(True) for s in self.running]
             self.running.insert(bisect.bisect(keys, seq.sort_key(True)), seq)
         else:
             self.running.append(seq)
-        self.rows.add(seq, self.kv.block_table(seq.seq_id))
+        self.rows.add(seq, self.kv.block_table(seq.seq_id), computed)
 
     def _evict(self, seq: Sequence) -> None:
         """Take the sequence's blocks back: it waits to be recomputed, or, preempted too often, it ends."""
@@ -359,7 +322,6 @@ class Scheduler:
         self.running.remove(seq)
         self.rows.remove(seq)
         self.kv.free(seq.seq_id)
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self._enqueue(seq, front=True)
 
@@ -402,36 +364,17 @@ def _timed_chunks(needs: LongArray, starts: LongArray, budget: int, time: Prefil
     return needs
 
 
-def _drop_idle(work: StepWork) -> None:
+def _drop_idle(chosen: _Chosen) -> None:
     """Leave out of the step the running sequences given no tokens."""
-    cols = work.running
-    keep = np.flatnonzero(cols.counts > 0)
+    rows, starts, counts = chosen.running
+    keep = np.flatnonzero(counts > 0)
     index = keep.tolist()
-    work.seqs = [work.seqs[i] for i in index]
-    work.seq_ids = [work.seq_ids[i] for i in index]
-    work.token_lists = [work.token_lists[i] for i in index]
-    work.running = StepColumns(cols.rows[keep], cols.starts[keep], cols.counts[keep], cols.num_tokens[keep])
+    chosen.seqs = [chosen.seqs[i] for i in index]
+    chosen.seq_ids = [chosen.seq_ids[i] for i in index]
+    chosen.running = rows[keep], starts[keep], counts[keep]
 
 
 def _running_only(seqs: list[Sequence], tokens: list[int]) -> tuple[list[int], list[Sequence], list[int]]:
     """Drop the sequences aborted while the step ran: (their positions kept, sequences, tokens)."""
     index = [i for i, seq in enumerate(seqs) if seq.status is SequenceStatus.RUNNING]
     return index, [seqs[i] for i in index], [tokens[i] for i in index]
-
-
-def _logprobs(output: StepOutput, seqs: list[Sequence], tokens: list[int], index: list[int] | None
-              ) -> list[TokenLogprob | None] | None:
-    if output.logprobs is None:
-        return None
-    rows = index if index is not None else range(len(seqs))
-    return [_logprob(output, row, seq, token) for row, seq, token in zip(rows, seqs, tokens, strict=True)]
-
-
-def _logprob(output: StepOutput, row: int, seq: Sequence, token: int) -> TokenLogprob | None:
-    if not (seq.params.logprobs or seq.params.top_logprobs) or output.logprobs is None:
-        return None
-    top: tuple[tuple[int, float], ...] = ()
-    if seq.params.top_logprobs and output.top_token_ids is not None and output.top_logprobs is not None:
-        ids, values = output.top_token_ids[row], output.top_logprobs[row]
-        top = tuple((int(i), float(v)) for i, v in list(zip(ids, values, strict=True))[: seq.params.top_logprobs])
-    return TokenLogprob(token, float(output.logprobs[row]), top)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Protocol
 
 import numpy as np
 
+from backends.base import LongArray
 from scheduler.params import SamplingParams
 
 
@@ -35,24 +37,39 @@ _FINISH_REASONS = {
 }
 
 
+class RowCounters(Protocol):
+    """The running sequences' per-step counters, a row per sequence (scheduler.persistent_batch)."""
+
+    @property
+    def computed(self) -> LongArray: ...
+
+
 @dataclass(eq=False)
 class Sequence:
     seq_id: int
     request_id: str
     index: int  # choice index within its request
     prompt_len: int
-    token_ids: list[int]  # prompt then output; grows by one per decode step
+    token_ids: list[int]  # prompt then output; while it runs, only PersistentBatch.append_tokens adds to it
     params: SamplingParams
     priority: int = 0
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
-    num_cached_tokens: int = 0  # of those, served by the prefix cache at (first) admission
+    num_cached_tokens: int = 0  # tokens the prefix cache served at its first admission
     num_preemptions: int = 0
     stop_reason: str | int | None = None
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     uniforms_ahead: np.ndarray | None = None  # drawn from rng but not used yet (see UniformsAhead)
     children: list[Sequence] = field(default_factory=list)  # FORK_PENDING choices forked from this one
+    # Its row while it runs, and the arrays that row is in; -1 and None otherwise. Only PersistentBatch sets them.
+    row: int = -1
+    counters: RowCounters | None = field(default=None, repr=False)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache, or is being written by the step in flight. Its row counts them while
+        it runs; a sequence without a row holds no KV (waiting, preempted, finished)."""
+        return 0 if self.counters is None else int(self.counters.computed[self.row])
 
     @property
     def num_tokens(self) -> int:

@@ -1,10 +1,9 @@
-"""Build the serving stack from an AppConfig: model files, backend, KV cache manager, then engine or LLM."""
+"""Build the model stack from an AppConfig: model files, backend, KV cache manager, the calibrated step-cost
+model, then the engine (`pagedserve serve`, service/server.py) or the offline LLM (`pagedserve generate`)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -19,9 +18,6 @@ from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
 from scheduler.step_cost import StepCostModel
 from service.config import AppConfig
-from service.state import Runtime
-from service.telemetry_setup import telemetry_config
-from telemetry import Telemetry
 from telemetry.interface import EngineObserver
 
 log = logging.getLogger(__name__)
@@ -90,11 +86,3 @@ def _tokenizer(parts: ModelParts) -> TokenizerLike:
     # TokenizerLike is a Protocol that the model's Tokenizer satisfies structurally; the cast only states it.
     return cast(TokenizerLike, parts.files.tokenizer)
 
-
-async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> Runtime:
-    """The server's default RuntimeBuilder: load off the event loop, then make the engine on it."""
-    parts = await asyncio.to_thread(build_parts, config, files)
-    cost = await asyncio.to_thread(calibrated_cost, config, parts)
-    telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
-    engine = build_engine(config, parts, observer=telemetry, cost=cost)
-    return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry)

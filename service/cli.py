@@ -28,7 +28,7 @@ class Command:
 
 def commands() -> tuple[Command, ...]:
     return (
-        Command("serve", "serve the OpenAI-compatible HTTP API", "service.serve_cmd"),
+        Command("serve", "serve the OpenAI-compatible HTTP API", "service.server"),
         Command("generate", "complete one prompt offline and print the text", "service.generate"),
         Command("bench", "benchmark an OpenAI-compatible server (streaming load, latency percentiles, sweeps)",
                 "bench.bench_cmd"),

@@ -1,22 +1,27 @@
-"""A command configured like the server (`serve`, `generate`): its own options and a flag for every setting.
-A failure before it starts (a bad setting, a model that cannot be loaded) is one line on stderr, exit 2."""
+"""A command configured like the server (`serve`, `generate`): its own options, a flag for every setting of
+service/config.py, and the process's log. A failure before it starts (a bad setting, a model that cannot be
+loaded) is one line on stderr, exit 2."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from backends.base import BackendError
 from backends.model.config import ModelLoadError
 from scheduler.errors import SchedulerError
-from service.config import AppConfig, ConfigError
-from service.config_load import add_config_flags, flags_of, load_config
+from service.config import AppConfig, ConfigError, Setting, all_settings, describe, load_config, parse_text
+from service.setting_docs import doc_of
+from service.settings_table import default_text, values_text
 
 EXIT_USAGE = 2  # also for a model that cannot be loaded
 EPILOG = "Every setting also reads PAGEDSERVE_<NAME> and the [section] tables of --config FILE (docs/CONFIG.md)."
+_FLAG_DEST = "setting:"
 
 
 @dataclass(frozen=True)
@@ -52,3 +57,61 @@ class ConfigCommand:
 
 def config_from(args: argparse.Namespace) -> AppConfig:
     return load_config(args.config, os.environ, flags_of(args))
+
+
+def setup_logging(level: str) -> None:
+    """Records of `level` and above on stderr, one line each."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, its help from the setting's words. A value of the wrong type or outside the
+    setting's choices is a usage error of the command; only flags actually given reach `load_config` (the rest
+    are suppressed), as the text given, so a flag reads exactly as the same text in the environment."""
+    group = parser.add_argument_group(
+        "configuration (flags > PAGEDSERVE_* env > --config file > defaults; see docs/CONFIG.md)")
+    group.add_argument("--config", metavar="FILE", help="TOML config file (or PAGEDSERVE_CONFIG)")
+    for s in all_settings():
+        kwargs: dict[str, Any] = {"dest": _FLAG_DEST + s.name, "default": argparse.SUPPRESS, "help": flag_help(s)}
+        if s.kind == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs.update(type=_checked(s), metavar=_metavar(s))
+            if s.kind == "strs":
+                kwargs["action"] = "append"
+        group.add_argument(s.flag, **kwargs)
+
+
+def flag_help(setting: Setting) -> str:
+    """What it does, its values where the metavar does not show them, and its default."""
+    doc = doc_of(setting)
+    values = "" if doc.choices or not (doc.values or setting.optional) else f"; {values_text(setting)}"
+    text = f"{doc.text}{values} [default: {default_text(setting)}]"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _metavar(setting: Setting) -> str:
+    choices = doc_of(setting).choices
+    if not choices:
+        return setting.kind.upper().replace("STRS", "STR")
+    return "{" + ",".join(choices + (("none",) if setting.optional else ())) + "}"
+
+
+def _checked(setting: Setting) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        try:
+            value = parse_text(setting, text, setting.flag)
+        except ConfigError:
+            raise argparse.ArgumentTypeError(f"expected {describe(setting)}, got {text!r}") from None
+        allowed = doc_of(setting).choices
+        if allowed and value not in (*allowed, None, setting.default):
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return text
+
+    return check
+
+
+def flags_of(namespace: argparse.Namespace) -> dict[str, Any]:
+    """The settings' flags given, by setting name, as `load_config` takes them."""
+    return {k[len(_FLAG_DEST):]: v for k, v in vars(namespace).items() if k.startswith(_FLAG_DEST)}

@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 from scheduler.params import SamplingParams
 from service.assemble import build_llm, build_parts
-from service.config_cmd import ConfigCommand, config_from
-from service.log_setup import setup_logging
+from service.config_cmd import ConfigCommand, config_from, setup_logging
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

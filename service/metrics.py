@@ -1,5 +1,5 @@
 """The app's one Prometheus registry: the server's phase and the engine's gauges, read at scrape time, and HTTP
-request counts. Once the runtime is built, the app registers telemetry's metrics into it too (service/app.py):
+request counts. Once the runtime is built, the app registers telemetry's metrics into it too (service/server.py):
 /metrics renders this registry alone, every name under telemetry's `pagedserve:` prefix."""
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ from backends.sim_backend.clock import CLOCKS
 from backends.sim_backend.profiles import MODEL_SHAPES, PROFILES
 from kvpool.config import KV_LAYOUTS
 from scheduler.config import BATCHING, SCHEDULING
-from service.config import LOG_LEVELS, TRACE_EXPORTERS
-from service.presets import PRESETS
+from service.config import LOG_LEVELS, PRESETS, TRACE_EXPORTERS, Setting
 
 DTYPES = ("float32", "float16", "bfloat16")  # BackendConfig checks the same three
 
@@ -102,6 +101,9 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "the token budget (docs/CONFIG.md: The ITL target)"),
     "scheduler.min_prefill_chunk": SettingDoc("prompt tokens a step's first prompt chunk always gets, however "
                                               "tight the ITL target"),
+    "scheduler.debug_checks": SettingDoc(
+        "after every step, check the scheduler's rows against its sequences and the KV pool, and the pool's "
+        "invariants; a mismatch fails the engine (slow: for debugging)"),
     "kv.block_size": SettingDoc("tokens per KV cache block"),
     "kv.kv_cache_memory": SettingDoc("memory for the KV cache", values="size (2GiB, 512MiB, ...)"),
     "kv.num_blocks": SettingDoc("KV cache blocks, instead of the memory budget"),
@@ -117,3 +119,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
                                               "token"),
     "telemetry.record_content": SettingDoc("put each prompt into its request span"),
 })
+
+
+def doc_of(setting: Setting) -> SettingDoc:
+    return DOCS.get(setting.path, SettingDoc(""))  # none yet: a test names the setting

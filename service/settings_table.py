@@ -1,13 +1,17 @@
-"""The settings table of docs/CONFIG.md, rendered from the settings themselves (the words of
-service/setting_docs.py, which `--help` shows too). `python -m service.settings_table` prints it; a test checks
-that the doc holds exactly this table."""
+"""A setting in words, as `--help` (service/config_cmd.py) and docs/CONFIG.md's table show it: the settings of
+service/config.py with the words of service/setting_docs.py. `python -m service.settings_table` prints the
+table; a test checks that the doc holds exactly this table."""
 
 from __future__ import annotations
 
-from service.settings import Setting, all_settings, value_text, values_text
+from typing import Any
+
+from service.config import Setting, all_settings
+from service.setting_docs import doc_of
 
 HEADER = ("| setting (file) | flag | environment | values | default | what it does |\n"
           "| --- | --- | --- | --- | --- | --- |")
+_KIND_WORDS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "strs": "list of str"}
 
 
 def settings_table() -> str:
@@ -15,10 +19,36 @@ def settings_table() -> str:
 
 
 def _row(s: Setting) -> str:
+    doc = doc_of(s)
     shown = value_text(s.default)
-    default = s.doc.default or (shown if shown == "none" else f"`{shown}`")
-    cells = (f"`{s.section}.{s.key}`", f"`{s.flag}`", f"`{s.env}`", values_text(s), default, s.doc.text)
+    default = doc.default or (shown if shown == "none" else f"`{shown}`")
+    cells = (f"`{s.path}`", f"`{s.flag}`", f"`{s.env}`", values_text(s), default, doc.text)
     return "| " + " | ".join(cells) + " |"
+
+
+def value_text(value: Any) -> str:
+    """A value as a person would write it in the file or a flag; "none" for unset."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None or value in ("", ()):
+        return "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return ", ".join(value) if isinstance(value, tuple) else str(value)
+
+
+def values_text(setting: Setting) -> str:
+    """The values a setting takes, in words: its choices, else the doc's words, else its kind."""
+    doc = doc_of(setting)
+    if doc.choices:
+        return ", ".join(doc.choices) + (" or none" if setting.optional else "")
+    if doc.values:
+        return doc.values
+    return _KIND_WORDS[setting.kind] + (" or none" if setting.optional else "")
+
+
+def default_text(setting: Setting) -> str:
+    return doc_of(setting).default.replace("`", "") or value_text(setting.default)
 
 
 if __name__ == "__main__":

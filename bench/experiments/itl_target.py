@@ -39,7 +39,7 @@ from bench.loadgen.progress import LineProgress, NoProgress
 from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
 from scheduler.config import SchedulerConfig
-from service.presets import PRESETS
+from service.config import PRESETS
 
 KEY = "itl-target"
 COMMAND = "python -m bench.experiments.itl_target"

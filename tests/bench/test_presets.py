@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import ConfigError, ServiceConfig
-from service.config_load import load_config
-from service.presets import PRESETS
+from service.config import PRESETS, ConfigError, ServiceConfig, load_config
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -10,8 +10,9 @@ from backends.base import StepOutput
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.params import SamplingParams
-from scheduler.scheduler import Scheduler, SchedulerPlan
+from scheduler.scheduler import Scheduler
 from scheduler.sequence import Sequence
+from scheduler.step import SchedulerPlan
 
 EOS = 2
 
@@ -66,4 +67,4 @@ def check_batch(scheduler: Scheduler, plan: SchedulerPlan) -> None:
 
 def shape(plan: SchedulerPlan) -> list[tuple[int, int, int]]:
     """(seq id, first position, token count) of every scheduled sequence, in batch order."""
-    return [(s.seq.seq_id, s.start, s.num_tokens) for s in plan.scheduled]
+    return list(zip([s.seq_id for s in plan.seqs], plan.starts.tolist(), plan.counts.tolist(), strict=True))

@@ -12,7 +12,8 @@ from backends.step_shape import CostCoefficients
 from bench.closed_loop_sim import Load, simulate
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
-from scheduler.scheduler import Scheduler, SchedulerPlan
+from scheduler.scheduler import Scheduler
+from scheduler.step import SchedulerPlan
 from scheduler.step_cost import StepCostModel
 from tests.scheduler.helpers import EOS, make_seqs, step
 

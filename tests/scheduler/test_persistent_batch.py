@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backends.base import SamplingInputs, StepOutput
 from scheduler.block_table import BlockTable, grown
 from scheduler.params import SamplingParams
+from scheduler.persistent_batch import RowMismatchError
 from scheduler.sampling_inputs import AHEAD, SamplingColumns
+from scheduler.scheduler import Scheduler
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.stop import StopColumns, check_token_stop
-from tests.scheduler.helpers import EOS, make_scheduler, step
+from tests.scheduler.helpers import EOS, make_scheduler, make_seqs, step
 
 
 def test_block_table_rows_patches_and_gathers() -> None:
@@ -165,6 +170,48 @@ def test_a_finished_sequence_keeps_no_row() -> None:
     seq = seeded(0, [4, 5, 6], SamplingParams(temperature=0.5, max_tokens=2), 3)
     sched.add([seq])
     step(sched)
-    assert seq.seq_id in sched.rows.rows
+    assert sched.rows.seqs[seq.row] is seq
     step(sched)
-    assert seq.status is SequenceStatus.FINISHED_LENGTH and seq.seq_id not in sched.rows.rows
+    assert seq.status is SequenceStatus.FINISHED_LENGTH and seq.row == -1 and seq not in sched.rows.seqs
+
+
+def test_a_sequence_counts_its_computed_tokens_through_its_row() -> None:
+    sched = make_scheduler(max_num_batched_tokens=4)
+    seq = make_seqs(0, 6, max_tokens=2)[0]
+    sched.add([seq])
+    assert seq.num_computed_tokens == 0  # waiting: no row, no KV
+    step(sched)
+    assert seq.num_computed_tokens == 4 == sched.rows.computed[seq.row]  # the first chunk
+    step(sched)
+    assert seq.num_computed_tokens == 6 and seq.num_tokens == 7
+    step(sched)
+    assert seq.status.finished and seq.num_computed_tokens == 0  # its KV went back with its row
+
+
+def _drop_a_running_sequence(sched: Scheduler) -> None:
+    sched.running.pop()
+
+
+def _move_a_block(sched: Scheduler) -> None:
+    sched.rows.blocks.table[sched.running[0].row, 0] += 1
+
+
+def _compute_past_the_blocks(sched: Scheduler) -> None:
+    sched.rows.computed[sched.running[0].row] = sched.running[0].num_tokens + 1
+
+
+def _append_behind_the_rows(sched: Scheduler) -> None:
+    sched.running[0].token_ids.append(30)
+
+
+@pytest.mark.parametrize(("corrupt", "named"), [
+    (_drop_a_running_sequence, "exactly the running sequences"), (_move_a_block, "KV pool"),
+    (_compute_past_the_blocks, "computed tokens"), (_append_behind_the_rows, r"row has \(prompt, tokens, last\)")])
+def test_the_row_check_names_each_mismatch(corrupt: Callable[[Scheduler], None], named: str) -> None:
+    sched = make_scheduler()
+    sched.add(make_seqs(0, 5))
+    sched.add(make_seqs(1, 6))
+    step(sched)
+    corrupt(sched)
+    with pytest.raises(RowMismatchError, match=named):
+        sched.check_rows()

@@ -36,9 +36,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(eos_every=st.integers(0, 7))
     def run_step(self, eos_every: int) -> None:
         plan = step(self.sched, token_of=lambda s: 2 if eos_every and s.num_tokens % (eos_every + 3) == 0 else 50)
-        assert sum(s.num_tokens for s in plan.scheduled) <= BUDGET
-        assert len(plan.scheduled) <= MAX_SEQS
-        assert len({s.seq.seq_id for s in plan.scheduled}) == len(plan.scheduled)
+        assert int(plan.counts.sum()) <= BUDGET
+        assert len(plan.seqs) <= MAX_SEQS
+        assert len({s.seq_id for s in plan.seqs}) == len(plan.seqs)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())

@@ -15,10 +15,8 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.app import create_app
-from service.assemble import build_runtime
 from service.config import AppConfig, ServiceConfig
-from service.server import start_site
+from service.server import build_runtime, create_app, start_site
 from service.state import STATE_KEY, EngineLike, Phase, RuntimeBuilder, ServerState
 
 T = TypeVar("T")

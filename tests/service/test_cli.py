@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from service.cli import commands, main
-from service.settings import all_settings, default_text
+from service.config import all_settings
+from service.setting_docs import doc_of
+from service.settings_table import default_text
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -143,10 +145,10 @@ def test_serve_help_explains_every_flag(capsys: pytest.CaptureFixture[str], monk
     assert exit_info.value.code == 0
     entries = help_entries(capsys.readouterr().out)
     for s in all_settings():
-        entry = entries[s.flag]
-        assert s.doc.text in entry and f"[default: {default_text(s)}]" in entry, entry
-        if s.doc.choices:
-            assert "{" + ",".join(s.doc.choices) in entry, entry
+        entry, doc = entries[s.flag], doc_of(s)
+        assert doc.text in entry and f"[default: {default_text(s)}]" in entry, entry
+        if doc.choices:
+            assert "{" + ",".join(doc.choices) in entry, entry
     assert entries["--preset"].startswith("--preset {latency,throughput,none} ")
     assert entries["--port"].startswith("--port INT ") and "[default: 8000]" in entries["--port"]
     assert entries["--log-prompts"].startswith("--log-prompts, --no-log-prompts ")

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.config import AppConfig, ConfigError
-from service.config_load import add_config_flags, flags_of, load_config
-from service.setting_docs import DOCS
-from service.settings import all_settings
+from service.config import AppConfig, ConfigError, all_settings, load_config
+from service.config_cmd import add_config_flags, flags_of
+from service.setting_docs import DOCS, doc_of
 from service.settings_table import settings_table
 
 
@@ -143,12 +142,12 @@ def test_flags_reach_the_config_as_given() -> None:
 def test_every_setting_is_explained() -> None:
     names = {f"{s.section}.{s.key}" for s in all_settings()}
     assert set(DOCS) == names, "settings without words, or words without a setting"
-    assert all(s.doc.text for s in all_settings())
+    assert all(doc_of(s).text for s in all_settings())
 
 
 def test_every_choice_is_a_valid_value() -> None:
     for s in all_settings():
-        for choice in s.doc.choices:
+        for choice in doc_of(s).choices:
             config = load_config(None, {s.env: choice})
             assert getattr(getattr(config, s.section), s.key) == choice
 

@@ -9,9 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.model.loader import ModelFiles
-from service.app import create_app
-from service.assemble import build_runtime
 from service.config import AppConfig
+from service.server import build_runtime, create_app
 from service.state import Phase, Runtime
 from tests.service.live import LiveServer, sim_config
 from tests.service.rawhttp import post, request
