@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,15 +28,16 @@ class ServerProcess:
 
 
 @contextmanager
-def serve_process(log: Path, args: Sequence[str]) -> Iterator[ServerProcess]:
-    """`pagedserve serve --port 0 ARGS` with no PAGEDSERVE_* variables from the environment, ready when
-    yielded; killed on exit if it is still running."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}
+def serve_process(log: Path, args: Sequence[str], extra_env: Mapping[str, str] | None = None,
+                  timeout: float = 30.0) -> Iterator[ServerProcess]:
+    """`pagedserve serve --port 0 ARGS` with no PAGEDSERVE_* variables from the environment but `extra_env`,
+    ready when yielded; killed on exit if it is still running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")} | dict(extra_env or {})
     cmd = [sys.executable, "-m", "service", "serve", "--port", "0", *args]
     with log.open("wb") as sink:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env=env)
     try:
-        yield ServerProcess(proc, _wait_listening(proc, log), log)
+        yield ServerProcess(proc, _wait_listening(proc, log, timeout), log)
     finally:
         if proc.poll() is None:
             proc.kill()

