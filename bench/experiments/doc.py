@@ -10,7 +10,7 @@ from pathlib import Path
 
 SECTION = "## Experiments"
 # blocks appear in this order
-ORDER = ("intro", "batching", "kv-layout", "frontier", "prefix-caching", "cross-check", "itl-target")
+ORDER = ("intro", "batching", "kv-layout", "frontier", "prefix-caching", "cross-check", "itl-target", "scaling")
 INTRO = """\
 `pagedserve bench` is the load generator used here: a pure HTTP client for any OpenAI-compatible server
 (this one, vLLM, llama.cpp's `llama-server`), streaming `/v1/completions` or `/v1/chat/completions`:

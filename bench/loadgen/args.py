@@ -44,6 +44,9 @@ def _target_options(g: argparse._ArgumentGroup, model_option: bool) -> None:
     g.add_argument("--endpoint", choices=("completions", "chat"), default="completions",
                    help="/v1/completions or /v1/chat/completions (default completions)")
     g.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per request (default 600)")
+    g.add_argument("--session-header", metavar="NAME",
+                   help="send one id per session in this header, e.g. X-Session-Id for Envoy's session affinity "
+                        "(every turn of a chat shares it; default: none)")
     if model_option:
         g.add_argument("--model", metavar="FILE", help="the GGUF model whose tokenizer counts tokens when a "
                                                      "server sends no usage (default: the installed model)")

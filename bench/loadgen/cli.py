@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace, plan: Plan, count_tokens: TokenCounter | None
 async def _target(args: argparse.Namespace) -> Target:
     base = args.base_url or f"http://{args.host}:{args.port}"
     model = args.served_model_name or await _first_model(base, args.api_key)
-    return Target(base, args.endpoint, model, args.api_key, args.timeout)
+    return Target(base, args.endpoint, model, args.api_key, args.timeout, args.session_header)
 
 
 async def _first_model(base_url: str, api_key: str | None) -> str | None:

@@ -106,20 +106,25 @@ class Client:
         self._decode = chunk_decoder().decode
         self._headers = target.headers()
 
-    async def send(self, spec: RequestSpec) -> RequestResult:
+    async def send(self, spec: RequestSpec, session_id: str | None = None) -> RequestResult:
+        """Send one request; `session_id` goes in the target's session header, when it names one."""
         body = msgspec.json.encode(request_body(self.target, spec))
         rec = _Recorder(self.clock(), _prompt_text(self.target, spec), self._decode)
         try:
             async with asyncio.timeout(self.target.timeout_s):
-                await self._exchange(body, rec)
+                await self._exchange(body, rec, self._headers_for(session_id))
         except TimeoutError:
             rec.fail("timeout")
         except (aiohttp.ClientError, OSError) as exc:
             rec.fail(type(exc).__name__, str(exc))
         return rec.result(self.clock())
 
-    async def _exchange(self, body: bytes, rec: _Recorder) -> None:
-        async with self.session.post(self.target.url, data=body, headers=self._headers) as resp:
+    def _headers_for(self, session_id: str | None) -> dict[str, str]:
+        name = self.target.session_header
+        return {**self._headers, name: session_id} if name and session_id else self._headers
+
+    async def _exchange(self, body: bytes, rec: _Recorder, headers: dict[str, str]) -> None:
+        async with self.session.post(self.target.url, data=body, headers=headers) as resp:
             if resp.status != 200:
                 rec.fail(f"HTTP {resp.status}", await resp.text(errors="replace"))
                 return

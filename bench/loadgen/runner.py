@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -88,7 +89,7 @@ async def warm_up(client: Client, sessions: Iterator[Session], count: int, concu
 
     async def one(spec: RequestSpec) -> RequestResult:
         async with limiter:
-            return await client.send(spec)
+            return await client.send(spec, uuid.uuid4().hex)
 
     results = await asyncio.gather(*(one(next(sessions).first()) for _ in range(count)))
     if not any(r.ok for r in results):
@@ -139,13 +140,14 @@ async def _open_loop(client: Client, sessions: Iterator[Session], quota: _Quota,
 
 async def _run_session(client: Client, session: Session, quota: _Quota, sink: Callable[[RequestResult], None],
                        limiter: asyncio.Semaphore | None, reserved: bool) -> bool:
-    """Send the session's requests in order; False when the bounds stopped it."""
+    """Send the session's requests in order, all under one session id; False when the bounds stopped it."""
     spec: RequestSpec | None = session.first()
+    session_id = uuid.uuid4().hex
     while spec is not None:
         if not reserved and not quota.take(client.clock()):
             return False
         reserved = False
-        result = await _send(client, spec, limiter)
+        result = await _send(client, spec, session_id, limiter)
         sink(result)
         if not result.ok:
             return True
@@ -153,8 +155,9 @@ async def _run_session(client: Client, session: Session, quota: _Quota, sink: Ca
     return True
 
 
-async def _send(client: Client, spec: RequestSpec, limiter: asyncio.Semaphore | None) -> RequestResult:
+async def _send(client: Client, spec: RequestSpec, session_id: str,
+                limiter: asyncio.Semaphore | None) -> RequestResult:
     if limiter is None:
-        return await client.send(spec)
+        return await client.send(spec, session_id)
     async with limiter:
-        return await client.send(spec)
+        return await client.send(spec, session_id)

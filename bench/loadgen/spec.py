@@ -20,6 +20,7 @@ class Target:
     model: str | None = None  # the request's "model"; None: omitted (a single-model server picks its own)
     api_key: str | None = None
     timeout_s: float = 600.0  # per request, headers to [DONE]
+    session_header: str | None = None  # a header carrying one id per session (all turns of a chat share it)
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:

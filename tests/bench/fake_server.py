@@ -26,6 +26,7 @@ class Script:
     error_event: bool = False  # end with an in-band error instead of usage
     arrivals: list[float] = field(default_factory=list)  # monotonic time each request came in
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
 
@@ -40,6 +41,7 @@ async def _handle(request: web.Request, script: Script) -> web.StreamResponse:
     script.arrivals.append(time.perf_counter())
     body = await request.json()
     script.bodies.append(body)
+    script.headers.append(dict(request.headers))
     if script.status != 200:
         return web.json_response({"error": {"message": "busy", "code": "queue_full"}}, status=script.status)
     script.in_flight += 1

@@ -96,6 +96,29 @@ def test_chat_sessions_resend_the_history_with_real_answers() -> None:
     assert all(body["stream_options"] == {"include_usage": True} and body["ignore_eos"] for body in script.bodies)
 
 
+def test_session_header_carries_one_id_per_chat_session() -> None:
+    script = Script()
+    workload = ChatWorkload(turns=3, user_len=Lengths(4), output_len=Lengths(2))
+
+    async def go() -> Measurement:
+        async with serving(script) as url:
+            target = Target(url, "chat", session_header="X-Session-Id")
+            return await measure(target, workload, LoadShape(concurrency=2), Bounds(6))
+
+    assert asyncio.run(go()).summary.completed == 6
+    ids = [h["X-Session-Id"] for h in script.headers]
+    turns = [sum(m["role"] == "user" for m in body["messages"]) for body in script.bodies]
+    assert len(set(ids)) == 2 and all(ids.count(i) == 3 for i in set(ids))
+    for session in set(ids):
+        assert sorted(t for i, t in zip(ids, turns, strict=True) if i == session) == [1, 2, 3]
+
+
+def test_no_session_header_unless_asked() -> None:
+    script = Script()
+    bench(script, LoadShape(concurrency=1), Bounds(2))
+    assert not any("X-Session-Id" in h for h in script.headers)
+
+
 def test_sse_events_split_across_reads() -> None:
     splitter = EventSplitter()
     assert splitter.feed(b'data: {"a"') == []

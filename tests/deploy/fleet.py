@@ -93,3 +93,17 @@ def _ready(url: str) -> bool:
         return request("GET", url + "/health").status == 200
     except (OSError, aiohttp.ClientError):
         return False
+
+
+@contextmanager
+def restarted(replica: Replica, log: Path, timeout: float = 60.0) -> Iterator[Replica]:
+    """A new replica on a stopped one's address (as a rolling restart brings it back), ready when yielded."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}
+    again = _spawn(log, [*REPLICA_ARGS, "--port", str(replica.port)], env)
+    try:
+        again.url = _wait_ready(again, time.monotonic() + timeout)
+        yield again
+    finally:
+        if again.proc.poll() is None:
+            again.proc.kill()
+            again.proc.wait()

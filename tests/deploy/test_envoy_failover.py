@@ -10,10 +10,10 @@ from pathlib import Path
 import aiohttp
 
 from tests.deploy.clients import Outcome, complete, many
-from tests.deploy.fleet import Replica
+from tests.deploy.fleet import Replica, restarted
 from tests.deploy.stack import Stack, stack
 from tests.service.rawhttp import request
-from tests.waiting import until
+from tests.waiting import until, wait_until
 
 STREAMS = 9
 STREAM_TOKENS = 200  # about 5 s on the cpu profile: in flight through the whole scenario
@@ -52,10 +52,17 @@ async def draining(replica: Replica) -> bool:
     return (health.status, health.json()["status"]) == (503, "draining")
 
 
-def test_a_draining_replica_finishes_its_streams_and_no_request_fails(tmp_path: Path) -> None:
+def test_a_rolling_restart_of_a_replica_under_load_fails_no_request(tmp_path: Path) -> None:
+    """SIGTERM: the replica finishes its streams, takes no new request, exits 0, and no client request fails;
+    started again on its address, Envoy's health check puts it back in rotation and requests still succeed."""
     with stack(3, tmp_path) as up:
         stopped = asyncio.run(_drain_scenario(up))
         assert stopped.proc.wait(timeout=30) == 0
+        with restarted(stopped, tmp_path / "restarted.log") as again:
+            wait_until(lambda: again.host in up.routed_to(), timeout=20.0, what="the restarted replica in rotation")
+            after = asyncio.run(many(up.envoy.url, 12, tokens=2, stream=True, every_s=0.025))
+    assert [o.status for o in after] == [200] * len(after)
+    assert all(o.complete_stream for o in after)
 
 
 async def _drain_scenario(up: Stack) -> Replica:
