@@ -56,8 +56,9 @@ class RequestState:
 def new_request_state(request: EngineRequest, first_seq_id: int, tokenizer: TokenizerLike) -> RequestState:
     """The request's n sequences (each with its own generator: seed + choice index) and its stream."""
     seqs = [_sequence(request, first_seq_id + i, i) for i in range(request.params.n)]
-    texts = [TextAssembler(tokenizer.detokenizer(request.params.skip_special_tokens), request.params.stop)
-             for _ in seqs]
+    params = request.params
+    texts = [TextAssembler(tokenizer.detokenizer(params.skip_special_tokens), params.stop,
+                           params.include_stop_str_in_output) for _ in seqs]
     return RequestState(request, seqs, RequestStream(request.request_id, len(request.prompt_token_ids)), texts)
 
 

@@ -9,6 +9,7 @@ from scheduler.errors import InvalidRequestError
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
+MAX_TEMPERATURE = 2.0  # OpenAI's range
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class SamplingParams:
     top_logprobs: int = 0
     n: int = 1
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # a stop string ends the text instead of being cut from it
 
     def __post_init__(self) -> None:
         for check in (self._check_ranges, self._check_counts, self._check_stops):
@@ -44,7 +46,8 @@ class SamplingParams:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def _check_ranges(self) -> None:
-        _require(0.0 <= self.temperature <= 100.0, "temperature must be between 0 and 100", "temperature")
+        _require(0.0 <= self.temperature <= MAX_TEMPERATURE, f"temperature must be in [0, {MAX_TEMPERATURE:g}]",
+                 "temperature")
         _require(0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]", "top_p")
         _require(self.top_k >= -1, "top_k must be -1, 0 (off) or a positive integer", "top_k")
         _require(0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]", "min_p")

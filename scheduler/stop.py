@@ -87,16 +87,18 @@ class TextAssembler:
     stop string split across tokens is still found and never partly emitted.
     """
 
-    def __init__(self, detokenizer: Detokenizer, stop: Seq[str]) -> None:
+    def __init__(self, detokenizer: Detokenizer, stop: Seq[str], include_stop: bool = False) -> None:
         self._detok = detokenizer
         self._stop = tuple(stop)
+        self._include_stop = include_stop
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._held = ""
         # With no stop strings nothing is held back: a token's text is the detokenizer's, one call per token.
         self.text_of: Callable[[int], str] | None = None if self._stop else detokenizer.push_token
 
     def push(self, ids: Seq[int]) -> tuple[str, str | None]:
-        """(text to emit, the stop string found or None). After a stop, nothing more is emitted."""
+        """(text to emit, the stop string found or None). After a stop, nothing more is emitted; the text ends
+        just before the stop string, or just after it when the request asked to include it."""
         if not self._stop:
             return self._detok.push(ids), None
         buffer = self._held + self._detok.push(ids)
@@ -104,7 +106,8 @@ class TextAssembler:
         if hit is not None:
             position, stop = hit
             self._held = ""
-            return buffer[:position], stop
+            end = position + len(stop) if self._include_stop else position
+            return buffer[:end], stop
         cut = max(0, len(buffer) - self._hold)
         self._held = buffer[cut:]
         return buffer[:cut], None

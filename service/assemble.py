@@ -32,10 +32,15 @@ class ModelParts:
 
 
 def model_name(config: AppConfig) -> str:
-    """What /v1/models lists and requests must name: the configured name, else the model's."""
+    """What /v1/models lists and responses report: the first configured name, else the model's."""
+    return model_names(config)[0]
+
+
+def model_names(config: AppConfig) -> tuple[str, ...]:
+    """Every name a request may give in "model": the configured ones (the first reported), else the model's."""
     if config.service.served_model_name:
         return config.service.served_model_name
-    return DEFAULT_MODEL_NAME if config.backend.model is None else Path(config.backend.model).stem
+    return (DEFAULT_MODEL_NAME if config.backend.model is None else Path(config.backend.model).stem,)
 
 
 def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelParts:

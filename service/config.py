@@ -34,6 +34,7 @@ from typing import Any
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig
+from service.cors import check_origins
 from telemetry import TelemetryConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -61,7 +62,7 @@ class ServiceConfig:
     port: int = 8000  # 0: any free port (the bound address is logged)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no auth
     api_key_file: str | None = None  # one key per line; '#' comments and blank lines ignored
-    served_model_name: str | None = None  # None: the model's name
+    served_model_name: tuple[str, ...] = ()  # the API's names for the model, the first reported; (): its own
     max_body_bytes: int = 2 * 1024 * 1024
     request_timeout_s: float = 600.0
     read_timeout_s: float = 30.0  # request headers, and then the body, must arrive within this (docs/CONFIG.md)
@@ -75,6 +76,7 @@ class ServiceConfig:
     log_prompts: bool = False  # prompts and outputs are private unless asked for
     log_level: str = "info"
     preset: str | None = None  # one of PRESETS, applied under every setting given explicitly
+    cors_allow_origins: tuple[str, ...] = ()  # empty: no CORS headers; "*": any origin, never with credentials
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -95,6 +97,7 @@ class ServiceConfig:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
         if self.preset is not None and self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {tuple(PRESETS)}, not {self.preset!r}")
+        check_origins(self.cors_allow_origins)
 
 
 @dataclass(frozen=True)
@@ -318,13 +321,15 @@ def check_value(setting: Setting, value: Any, origin: str) -> Any:
         "float": isinstance(value, int | float) and not isinstance(value, bool),
         "str": isinstance(value, str),
         "bool": isinstance(value, bool),
-        "strs": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        "strs": isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
     }[setting.kind]
     if not ok:
         raise ConfigError(f"{origin}: expected {describe(setting)}, got {value!r}")
     if setting.kind == "float":
         return float(value)
-    return tuple(value) if setting.kind == "strs" else value
+    if setting.kind == "strs":  # a list, or one string read as the same text would be in a flag
+        return _from_text("strs", value) if isinstance(value, str) else tuple(value)
+    return value
 
 
 def describe(setting: Setting) -> str:

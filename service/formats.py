@@ -35,15 +35,18 @@ DONE = b"data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Identity:
-    id: str
+    id: str  # the response's: the endpoint's prefix and the X-Request-Id
     created: int
     model: str
+    engine_id: str = ""  # the engine's request id (unique per request); "": the response's id
 
 
 class Formatter(Protocol):
-    def preamble(self, num_choices: int) -> bytes: ...
+    def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes: ...
 
-    def chunk(self, index: int, delta: ChoiceDelta) -> bytes: ...
+    def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
+        """One choice's event; `usage` (the usage so far) when the client asked for it in every chunk."""
+        ...
 
     def usage_chunk(self, usage: Usage) -> bytes: ...
 
@@ -52,6 +55,15 @@ class Formatter(Protocol):
 
 def sse(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
+
+
+def running_usage(prompt_tokens: int, latest: list[RequestOutput | None]) -> Usage:
+    """The usage so far of a job whose prompts have `prompt_tokens` in all, from each request's latest output
+    (None: no output yet)."""
+    outs = [out for out in latest if out is not None]
+    completion = sum(out.completion_tokens for out in outs)
+    cached = sum(out.cached_tokens for out in outs)
+    return Usage(prompt_tokens, completion, prompt_tokens + completion, PromptTokensDetails(cached))
 
 
 def usage_of(finals: list[RequestOutput]) -> Usage:
@@ -69,12 +81,12 @@ class CompletionFormatter:
         self._offsets: dict[int, int] = {}
         self._encode = msgspec.json.Encoder().encode
 
-    def preamble(self, num_choices: int) -> bytes:
+    def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes:
         return b""
 
-    def chunk(self, index: int, delta: ChoiceDelta) -> bytes:
+    def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
         choice = CompletionChoice(index, delta.text, self._lp(index, delta), delta.finish_reason)
-        return sse(self._encode(self._chunk([choice])))
+        return sse(self._encode(self._chunk([choice], usage)))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse(self._encode(self._chunk([], usage)))
@@ -103,16 +115,16 @@ class ChatFormatter:
         self._logprobs = logprobs
         self._encode = msgspec.json.Encoder().encode
 
-    def preamble(self, num_choices: int) -> bytes:
+    def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes:
         """OpenAI opens each choice with a role-only delta."""
         first = ChatDelta(role="assistant", content="")
-        return b"".join(sse(self._encode(self._chunk([ChatChunkChoice(i, first, None, None)])))
+        return b"".join(sse(self._encode(self._chunk([ChatChunkChoice(i, first, None, None)], usage)))
                         for i in range(num_choices))
 
-    def chunk(self, index: int, delta: ChoiceDelta) -> bytes:
+    def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
         choice = ChatChunkChoice(index, ChatDelta(content=delta.text or None), self._lp(delta),
                                  delta.finish_reason)
-        return sse(self._encode(self._chunk([choice])))
+        return sse(self._encode(self._chunk([choice], usage)))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse(self._encode(self._chunk([], usage)))

@@ -39,6 +39,7 @@ class Job:
     events_per_s: float  # the pacing budget (see service.pacing)
     # per prompt: the incoming trace (W3C traceparent) and request facts, for telemetry; () for none
     trace_contexts: tuple[Any, ...] = ()
+    continuous_usage: bool = False  # the usage so far in every streamed chunk (vLLM's continuous_usage_stats)
 
     @property
     def num_choices(self) -> int:
@@ -65,7 +66,8 @@ def submit_all(engine: EngineLike, job: Job) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
         for i, ids in enumerate(job.prompts):
-            rid = job.ident.id if len(job.prompts) == 1 else f"{job.ident.id}-{i}"
+            base = job.ident.engine_id or job.ident.id
+            rid = base if len(job.prompts) == 1 else f"{base}-{i}"
             trace = job.trace_contexts[i] if job.trace_contexts else None
             request = EngineRequest(rid, ids, job.params, job.priority, trace_context=trace)
             streams.append(engine.submit(request))

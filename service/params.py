@@ -44,7 +44,8 @@ def _params(req: CommonRequest, max_tokens: int | None, logprobs: bool, top_logp
         return SamplingParams(
             **kwargs, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=stop,
             stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos, logprobs=logprobs,
-            top_logprobs=top_logprobs, n=req.n, skip_special_tokens=req.skip_special_tokens)
+            top_logprobs=top_logprobs, n=req.n, skip_special_tokens=req.skip_special_tokens,
+            include_stop_str_in_output=req.include_stop_str_in_output)
     except InvalidRequestError as exc:
         message, param = str(exc), exc.param
         if param in renames:

@@ -98,3 +98,22 @@ def check_context(prompts: list[TokenIds], max_tokens: int | None, max_model_len
                 f"This model's maximum context length is {max_model_len} tokens. However, you requested "
                 f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the completion). "
                 "Please reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
+
+
+def encode_limit(max_model_len: int, keep: int | None) -> int:
+    """The context length the text pre-check refuses at: none when the prompt is to be truncated (the body
+    size limit bounds the tokenizing work)."""
+    return max_model_len if keep is None else 2**62
+
+
+def truncation(asked: int | None, max_model_len: int) -> int | None:
+    """How many prompt tokens vLLM's truncate_prompt_tokens keeps: N, at most the context length (-1 and 0:
+    the context length; the schema refuses less); None: all."""
+    if asked is None:
+        return None
+    return max_model_len if asked <= 0 else min(asked, max_model_len)
+
+
+def truncated(prompts: list[TokenIds], keep: int | None) -> list[TokenIds]:
+    """The last `keep` tokens of each prompt."""
+    return prompts if keep is None else [ids[-keep:] for ids in prompts]

@@ -36,13 +36,15 @@ from aiohttp import web
 from backends.base import BackendError
 from backends.model.loader import ModelFiles, open_model
 from backends.registry import available
-from service.assemble import build_engine, build_parts, calibrated_cost, model_name
+from service.assemble import build_engine, build_parts, calibrated_cost, model_name, model_names
 from service.auth import load_keys
 from service.config import AppConfig, telemetry_config
 from service.config_cmd import ConfigCommand, config_from, setup_logging
+from service.cors import cors_headers, cors_middleware
 from service.metrics import create_registry
 from service.middleware import auth_middleware, counting_middleware, error_middleware, screening_middleware
 from service.protocol import make_runner
+from service.request_id import add_header, request_id_middleware
 from service.routes.completions import create_chat_completion, create_completion
 from service.routes.system import health, list_models, metrics, retrieve_model
 from service.state import (
@@ -113,13 +115,17 @@ async def serve(config: AppConfig, build: RuntimeBuilder | None = None,
 
 def create_app(config: AppConfig, build: RuntimeBuilder | None = None) -> web.Application:
     """The app: all its state under typed keys (service/state.py); the runtime is built by its lifecycle."""
-    state = ServerState(model_name(config))
+    state = ServerState(model_name(config), model_names(config))
     registry, requests = create_registry(state)
     app = web.Application(
         client_max_size=config.service.max_body_bytes,
-        middlewares=[counting_middleware(requests), error_middleware(), screening_middleware(),
+        middlewares=[counting_middleware(requests), request_id_middleware(), error_middleware(),
+                     screening_middleware(), cors_middleware(config.service.cors_allow_origins),
                      auth_middleware(load_keys(config.service))],
     )
+    app.on_response_prepare.append(add_header)
+    if config.service.cors_allow_origins:
+        app.on_response_prepare.append(cors_headers(config.service.cors_allow_origins))
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app[REGISTRY_KEY] = registry

@@ -36,7 +36,9 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
                                    default="none (no auth)"),
     "service.api_key_file": SettingDoc("file of accepted API keys, one per line ('#' comments and blank lines "
                                        "skipped)", values="path or none"),
-    "service.served_model_name": SettingDoc("the model's name in the API (/v1/models, a request's \"model\")",
+    "service.served_model_name": SettingDoc("a name of the model in the API: any is accepted in a request's "
+                                            "\"model\", the first is reported (/v1/models, responses); may be "
+                                            "repeated, each also a comma-separated list",
                                             default="the model's name"),
     "service.max_body_bytes": SettingDoc("largest request body; a bigger one is refused with 413",
                                          default="`2097152` (2 MiB)"),
@@ -55,6 +57,9 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "service.log_level": SettingDoc("the log's level", choices=LOG_LEVELS),
     "service.preset": SettingDoc("a named set of scheduler settings, under any given explicitly (docs/CONFIG.md: "
                                  "Presets)", choices=tuple(PRESETS)),
+    "service.cors_allow_origins": SettingDoc("an origin browsers may call from (https://host[:port]), or \"*\" "
+                                             "for any (then without credentials); may be repeated, each also "
+                                             "a comma-separated list", default="none (no CORS headers)"),
     "backend.name": SettingDoc("the backend that runs the model", values="numpy, cupy, sim or a plugin's name"),
     "backend.model": SettingDoc("the model file", values="GGUF path or none", default="the installed default model"),
     "backend.dtype": SettingDoc("cupy only: the precision of activations, the KV cache and dense weights",

@@ -74,8 +74,9 @@ RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]
 class ServerState:
     """The lifecycle: loading -> ready -> draining -> stopped (or loading -> failed, or ready -> unhealthy)."""
 
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
+    def __init__(self, model_name: str, aliases: tuple[str, ...] = ()) -> None:
+        self.model_name = model_name  # reported in /v1/models and in responses
+        self.model_names = frozenset((model_name, *aliases))  # accepted in a request's "model"
         self.created = int(time.time())
         self.phase = Phase.LOADING
         self.runtime: Runtime | None = None

@@ -15,9 +15,10 @@ from aiohttp import web
 
 from scheduler.outputs import ChoiceDelta, RequestOutput, RequestStream
 from service.errors import APIError, engine_failure, server_error, timed_out
-from service.formats import DONE, Formatter, sse, usage_of
+from service.formats import DONE, Formatter, running_usage, sse, usage_of
 from service.pacing import Pacer
 from service.schemas.errors import ErrorBody
+from service.schemas.responses import Usage
 from service.state import EngineLike
 
 if TYPE_CHECKING:
@@ -66,13 +67,16 @@ async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream
                  pacer: Pacer, finals: Finals) -> RequestOutput | None:
     """One event per output (several choices' chunks in one write) until every stream ends; returns the
     output that ended a request with an engine error, if one did."""
-    if preamble := fmt.preamble(job.num_choices):
+    prompt_tokens = sum(len(ids) for ids in job.prompts)
+    usage = running_usage(prompt_tokens, finals) if job.continuous_usage else None
+    if preamble := fmt.preamble(job.num_choices, usage):
         await resp.write(preamble)
     n = job.params.n
     async with aclosing(merged(streams)) as outputs:
         async for i, out in outputs:
             finals[i] = out
-            if data := _event(fmt, out, i * n):
+            usage = running_usage(prompt_tokens, finals) if job.continuous_usage else None
+            if data := _event(fmt, out, i * n, usage):
                 await resp.write(data)
             if out.error:
                 return out
@@ -81,11 +85,11 @@ async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream
     return None
 
 
-def _event(fmt: Formatter, out: RequestOutput, base: int) -> bytes:
+def _event(fmt: Formatter, out: RequestOutput, base: int, usage: Usage | None) -> bytes:
     if len(out.choices) == 1:  # the common case, without the generator
         delta = out.choices[0]
-        return fmt.chunk(base + delta.index, delta) if _worth(delta) else b""
-    return b"".join(fmt.chunk(base + d.index, d) for d in out.choices if _worth(d))
+        return fmt.chunk(base + delta.index, delta, usage) if _worth(delta) else b""
+    return b"".join(fmt.chunk(base + d.index, d, usage) for d in out.choices if _worth(d))
 
 
 def _worth(delta: ChoiceDelta) -> bool:

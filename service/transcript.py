@@ -22,12 +22,12 @@ class Transcript:
         self._prompts = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
         self._texts: dict[int, str] = {}
 
-    def preamble(self, num_choices: int) -> bytes:
-        return self._inner.preamble(num_choices)
+    def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes:
+        return self._inner.preamble(num_choices, usage)
 
-    def chunk(self, index: int, delta: ChoiceDelta) -> bytes:
+    def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
         self._texts[index] = self._texts.get(index, "") + delta.text
-        return self._inner.chunk(index, delta)
+        return self._inner.chunk(index, delta, usage)
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return self._inner.usage_chunk(usage)

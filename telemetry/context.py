@@ -17,6 +17,7 @@ class RequestContext:
     model: str | None = None
     operation: str = "chat"  # gen_ai.operation.name: "chat" | "text_completion"
     prompt: str | None = None  # recorded only when TelemetryConfig.record_content is on
+    request_id: str | None = None  # the HTTP request's X-Request-Id (the client's or the server's)
 
 
 def extract_context(headers: Mapping[str, str], *, model: str | None = None, operation: str = "chat",

@@ -29,6 +29,8 @@ def request_attributes(state: RequestState, default_model: str) -> Attributes:
         "pagedserve.request.id": state.request_id,
         "gen_ai.usage.input_tokens": state.prompt_tokens,
     }
+    if ctx.request_id is not None:
+        attrs["http.request.header.x-request-id"] = (ctx.request_id,)
     for key, name in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
                       ("top_k", "top_k"), ("seed", "seed"), ("n", "choice.count")):
         value = getattr(params, key, None)

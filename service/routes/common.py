@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import replace
 
 from aiohttp import web
@@ -13,6 +12,7 @@ from service.errors import RETRY_AFTER_S, APIError, bad_request, engine_failed, 
 from service.formats import Identity
 from service.jobs import Job
 from service.prompts import TokenIds
+from service.request_id import engine_id, request_id_of
 from service.schemas.requests import CommonRequest
 from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
 from telemetry import RequestContext, extract_context
@@ -34,8 +34,9 @@ def runtime_of(request: web.Request) -> Runtime:
 
 
 def served_model(request: web.Request, asked: str | None) -> str:
-    name = request.app[STATE_KEY].model_name
-    if asked is not None and asked != name:
+    state = request.app[STATE_KEY]
+    name = state.model_name
+    if asked is not None and asked not in state.model_names:
         raise APIError(404, f"The model `{asked}` does not exist (this server serves `{name}`).",
                        param="model", code="model_not_found")
     return name
@@ -51,18 +52,21 @@ def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenI
              req: CommonRequest) -> Job:
     check_choices(len(prompts), params.n)
     service = request.app[CONFIG_KEY].service
-    ident = Identity(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
-    include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+    ident = Identity(f"{prefix}-{request_id_of(request)}", int(time.time()), model, engine_id(request, prefix))
+    options = req.stream_options
+    include_usage = bool(req.stream and options and options.include_usage)
     operation = "chat" if prefix == "chatcmpl" else "text_completion"
     return Job(ident, prompts, params, req.priority, bool(req.stream), include_usage, service.request_timeout_s,
-               service.max_stream_events_per_s, trace_contexts(request, model, operation, prompts))
+               service.max_stream_events_per_s, trace_contexts(request, model, operation, prompts),
+               include_usage and bool(options and options.continuous_usage_stats))
 
 
 def trace_contexts(request: web.Request, model: str, operation: str, prompts: list[TokenIds]
                    ) -> tuple[RequestContext, ...]:
     """One per prompt; with record_content on, each carries its prompt's text (as the model sees it, chat
     template included) for the request span. Off, no prompt text is even decoded."""
-    base = extract_context(request.headers, model=model, operation=operation)
+    base = replace(extract_context(request.headers, model=model, operation=operation),
+                   request_id=request_id_of(request))
     if not request.app[CONFIG_KEY].telemetry.record_content:
         return (base,) * len(prompts)
     tokenizer = runtime_of(request).tokenizer

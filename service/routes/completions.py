@@ -8,7 +8,15 @@ from service.body import read_json
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
 from service.jobs import Job, run_job
 from service.params import chat_params, completion_params
-from service.prompts import chat_prompt, check_context, completion_prompts, num_prompts
+from service.prompts import (
+    chat_prompt,
+    check_context,
+    completion_prompts,
+    encode_limit,
+    num_prompts,
+    truncated,
+    truncation,
+)
 from service.routes.common import check_choices, make_job, runtime_of, served_model
 from service.schemas.requests import ChatRequest, CompletionRequest
 from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
@@ -23,8 +31,10 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     params = completion_params(req)
     check_choices(num_prompts(req.prompt), params.n)
     max_len = runtime.engine.max_model_len
+    keep = truncation(req.truncate_prompt_tokens, max_len)
     prompts = await request.app[ENCODER_KEY].run(prompt_chars(req.prompt), completion_prompts, req.prompt,
-                                                 runtime.tokenizer, max_len)
+                                                 runtime.tokenizer, encode_limit(max_len, keep))
+    prompts = truncated(prompts, keep)
     check_context(prompts, params.max_tokens, max_len, "prompt")
     job = make_job(request, "cmpl", model, prompts, params, req)
     fmt = _logged(request, CompletionFormatter(job.ident, runtime.tokenizer, req.logprobs), job, runtime)
@@ -37,11 +47,13 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     model = served_model(request, req.model)
     params = chat_params(req)
     max_len = runtime.engine.max_model_len
+    keep = truncation(req.truncate_prompt_tokens, max_len)
     prompt = await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages,
-                                                runtime.chat_template, runtime.tokenizer, max_len,
-                                                req.add_generation_prompt)
-    check_context([prompt], params.max_tokens, max_len, "messages")
-    job = make_job(request, "chatcmpl", model, [prompt], params, req)
+                                                runtime.chat_template, runtime.tokenizer,
+                                                encode_limit(max_len, keep), req.add_generation_prompt)
+    prompts = truncated([prompt], keep)
+    check_context(prompts, params.max_tokens, max_len, "messages")
+    job = make_job(request, "chatcmpl", model, prompts, params, req)
     fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs)), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
 

@@ -15,6 +15,7 @@ Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 class StreamOptions(Struct, forbid_unknown_fields=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, the usage so far in every chunk
 
 
 class ContentPart(Struct):
@@ -52,6 +53,13 @@ class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     ignore_eos: bool = False
     min_tokens: Int32 = 0
     skip_special_tokens: bool = True
+    # vLLM's: accepted for compatibility; byte-level detokenizing never puts spaces between special tokens,
+    # which is what vLLM does with a fast tokenizer whatever this says
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # vLLM's: keep the last N prompt tokens; -1 or 0: as many as the context holds (as vLLM, whose slice by 0
+    # keeps the whole prompt), and so does an N past the context length
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None = None
     priority: Int32 = 0
     stream: bool | None = False
     stream_options: StreamOptions | None = None

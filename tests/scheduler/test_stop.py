@@ -48,3 +48,14 @@ def test_held_back_text_is_released_once_it_cannot_start_a_stop() -> None:
     assert text.push([0]) == ("a", None)  # "bc" might begin "cx!"
     assert text.push([1]) == ("bcx", None)
     assert text.finish() == "yz"
+
+
+def test_stop_string_kept_when_asked() -> None:
+    text = TextAssembler(PieceDetokenizer(["Hel", "lo wo", "rld", "!"]), ("o world",), include_stop=True)
+    out = ""
+    for i in range(4):
+        delta, hit = text.push([i])
+        out += delta
+        if hit is not None:
+            break
+    assert (out, hit) == ("Hello world", "o world")
