@@ -35,6 +35,20 @@ class KVGeometry:
     dtype_bytes: int = 4
 
 
+class AllowedTokens(Protocol):
+    """The tokens each constrained row may sample (a grammar's mask), possibly still being computed."""
+
+    @property
+    def positions(self) -> IntArray:
+        """(R,) which rows of the step's SamplingInputs are constrained."""
+        ...
+
+    def bits(self) -> npt.NDArray[np.int32]:
+        """(R, ceil(V / 32)): bit j of word w set when token 32 * w + j is allowed; tokens past the mask's
+        width are not. Blocks until the masks are ready, so a backend calls it as late as it can."""
+        ...
+
+
 @dataclass(frozen=True)
 class SamplingInputs:
     """Per-sampled-sequence sampling parameters, one row per entry of `StepBatch.sample_rows`.
@@ -56,6 +70,7 @@ class SamplingInputs:
     suppressed_token_ids: LongArray | None = None  # (S, K) ids forced to -inf (min_tokens), padded with -1
     num_top_logprobs: int = 0  # how many alternatives to return (max over rows); 0: none
     want_logprobs: bool = False  # return the sampled token's logprob
+    allowed: AllowedTokens | None = None  # grammar masks of the rows that are constrained; None: no row is
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import SamplingInputs
+from backends.base import AllowedTokens, SamplingInputs
 
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy (OpenAI's temperature=0)
 TOP_CANDIDATES = 256  # sorted candidates tried first for top-p; a row whose top-p mass lies beyond falls back
@@ -26,6 +26,8 @@ class SampleResult:
 
 def sample(xp: Any, logits: Any, params: SamplingInputs) -> SampleResult:
     logits = apply_penalties(xp, logits.astype(xp.float32, copy=False), params)  # never writes to `logits`
+    if params.allowed is not None:
+        logits = apply_allowed(xp, logits, params.allowed)
     logprobs = log_softmax(xp, logits) if params.want_logprobs or params.num_top_logprobs else None
     token_ids = xp.argmax(logits, axis=-1).astype(xp.int64)
     temperature = xp.asarray(params.temperature, dtype=xp.float32)
@@ -37,6 +39,29 @@ def sample(xp: Any, logits: Any, params: SamplingInputs) -> SampleResult:
     chosen = xp.take_along_axis(logprobs, token_ids[:, None], axis=-1)[:, 0]
     top_ids, top_values = top_logprobs(xp, logprobs, params.num_top_logprobs)
     return SampleResult(token_ids, chosen, top_ids, top_values)
+
+
+def apply_allowed(xp: Any, logits: Any, allowed: AllowedTokens) -> Any:
+    """A copy of `logits` with every token a row's grammar forbids at -inf (constrained rows only)."""
+    rows = xp.asarray(allowed.positions, dtype=xp.int64)
+    ok = allowed_matrix(xp, xp.asarray(allowed.bits()), logits.shape[-1])
+    if rows.shape[0] == logits.shape[0]:  # every row constrained (positions are ascending): no gather
+        return xp.where(ok, logits, xp.float32(-xp.inf))
+    out = logits.copy()
+    out[rows] = xp.where(ok, logits[rows], xp.float32(-xp.inf))
+    return out
+
+
+def allowed_matrix(xp: Any, bits: Any, vocab: int) -> Any:
+    """(R, vocab) bool from (R, W) int32 bitmasks: bit j of word w is token 32 * w + j."""
+    if xp.__name__ == "numpy":  # little-endian words: byte-wise little bit order is the same numbering
+        ok = xp.unpackbits(xp.ascontiguousarray(bits).view(xp.uint8), axis=1, bitorder="little").view(xp.bool_)
+    else:  # cupy's unpackbits has neither axis nor bit order
+        shifts = xp.arange(32, dtype=xp.int32)
+        ok = ((bits[:, :, None] >> shifts) & 1).astype(xp.bool_).reshape(bits.shape[0], -1)
+    if ok.shape[1] >= vocab:
+        return ok[:, :vocab]
+    return xp.concatenate([ok, xp.zeros((ok.shape[0], vocab - ok.shape[1]), dtype=xp.bool_)], axis=1)
 
 
 def log_softmax(xp: Any, logits: Any) -> Any:

@@ -21,6 +21,7 @@ from scheduler.errors import (
     PromptTooLongError,
     QueueFullError,
 )
+from scheduler.guided import GuideFactory
 from scheduler.output_processor import (
     RequestState,
     TokenizerLike,
@@ -58,8 +59,10 @@ class EngineStats:
 class EngineCore:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tokenizer: TokenizerLike, *,
                  max_model_len: int, observer: EngineObserver | None = None,
-                 clock: Callable[[], float] = time.monotonic, cost: StepCostModel | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, cost: StepCostModel | None = None,
+                 guides: GuideFactory | None = None) -> None:
         self.config = config
+        self.guides = guides  # None: requests with a grammar are refused
         self.kv = kv
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
@@ -77,18 +80,18 @@ class EngineCore:
     @classmethod
     def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: Backend, tokenizer: TokenizerLike,
                     *, max_model_len: int, observer: EngineObserver | None = None,
-                    cost: StepCostModel | None = None) -> EngineCore:
+                    cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> EngineCore:
         """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic;
         its step-cost model `cost`, else one seeded with the backend's guess (cost_prior())."""
         clock = backend.clock
         return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
                    clock=clock.now if clock is not None else time.monotonic,
-                   cost=cost if cost is not None else StepCostModel(backend.cost_prior()))
+                   cost=cost if cost is not None else StepCostModel(backend.cost_prior()), guides=guides)
 
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:
         self._check_admissible(request)
-        state = new_request_state(request, next(self._seq_ids), self.tokenizer)
+        state = new_request_state(request, next(self._seq_ids), self.tokenizer, self.guides)
         for _ in range(request.params.n - 1):
             next(self._seq_ids)
         self.requests[request.request_id] = state

@@ -20,6 +20,7 @@ from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore, EngineStats
 from scheduler.errors import ENGINE_FAILED, EngineStoppedError
+from scheduler.guided import GuideFactory
 from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
@@ -42,11 +43,11 @@ class Engine:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
                  step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
-                 cost: StepCostModel | None = None) -> None:
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> None:
         """step_timeout_s: the watchdog's limit on one step (0: none); cost: the step-cost model (a calibrated
         one; else one seeded with the backend's guess)."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer, cost=cost)
+                                           observer=observer, cost=cost, guides=guides)
         self.backend = backend
         self._runner = StepRunner(backend.execute, inline=backend.step_is_instant, timeout_s=step_timeout_s)
         self._wake = asyncio.Event()
@@ -72,6 +73,8 @@ class Engine:
             await self._task
         self.core.abort_all(SHUTDOWN_ERROR)
         self._runner.close()
+        if self.core.guides is not None:
+            self.core.guides.close()
 
     async def wait_failed(self) -> str:
         """Returns the cause once the engine has failed (never, while it is sound)."""

@@ -8,6 +8,7 @@ from backends.base import Backend
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
+from scheduler.guided import GuideFactory
 from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
@@ -21,9 +22,9 @@ class LLM:
 
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
-                 cost: StepCostModel | None = None) -> None:
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> None:
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer, cost=cost)
+                                           observer=observer, cost=cost, guides=guides)
         self.backend = backend
         self._ids = itertools.count()
 

@@ -7,6 +7,8 @@ from typing import Protocol
 
 import numpy as np
 
+from scheduler.errors import InvalidRequestError
+from scheduler.guided import GuideFactory
 from scheduler.outputs import ChoiceDelta, RequestStream, TokenLogprob
 from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler
@@ -53,9 +55,16 @@ class RequestState:
         return reasons[0] if len(set(reasons)) == 1 else ",".join(reasons)
 
 
-def new_request_state(request: EngineRequest, first_seq_id: int, tokenizer: TokenizerLike) -> RequestState:
-    """The request's n sequences (each with its own generator: seed + choice index) and its stream."""
+def new_request_state(request: EngineRequest, first_seq_id: int, tokenizer: TokenizerLike,
+                      guides: GuideFactory | None = None) -> RequestState:
+    """The request's n sequences (each with its own generator: seed + choice index, and its own place in the
+    request's grammar when it has one) and its stream."""
     seqs = [_sequence(request, first_seq_id + i, i) for i in range(request.params.n)]
+    if request.params.guide is not None:
+        if guides is None:
+            raise InvalidRequestError("constrained decoding is not available on this engine", "response_format")
+        for seq in seqs:
+            seq.guide = guides.guide(request.params.guide)
     params = request.params
     texts = [TextAssembler(tokenizer.detokenizer(params.skip_special_tokens), params.stop,
                            params.include_stop_str_in_output) for _ in seqs]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.errors import InvalidRequestError
+from scheduler.guided import GuideSpec
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -32,6 +33,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False  # a stop string ends the text instead of being cut from it
+    guide: GuideSpec | None = None  # constrained decoding: every token follows this grammar
 
     def __post_init__(self) -> None:
         for check in (self._check_ranges, self._check_counts, self._check_stops):

@@ -16,12 +16,13 @@ import numpy.typing as npt
 
 from backends.base import FloatArray, IntArray, LongArray, SamplingInputs
 from scheduler.block_table import Index, grown
+from scheduler.guided import PendingMasks
 from scheduler.sequence import Sequence
 
 AHEAD = 64  # uniforms drawn ahead per sequence: a generator call per sequence every AHEAD steps
 BoolArray = npt.NDArray[np.bool_]
 _COLUMNS = ("temperature", "top_k", "top_p", "min_p", "random", "penalties", "min_tokens", "logprobs",
-            "top_logprobs")
+            "top_logprobs", "guided")
 
 
 @dataclass
@@ -75,6 +76,7 @@ class _Gathered:
     min_tokens: bool
     num_top_logprobs: int
     want_logprobs: bool
+    guided_at: Index  # positions whose sequence follows a grammar
 
 
 @dataclass
@@ -90,6 +92,7 @@ class SamplingColumns:
     min_tokens: BoolArray = field(default_factory=lambda: np.zeros(8, np.bool_))
     logprobs: BoolArray = field(default_factory=lambda: np.zeros(8, np.bool_))
     top_logprobs: IntArray = field(default_factory=lambda: np.zeros(8, np.int32))
+    guided: BoolArray = field(default_factory=lambda: np.zeros(8, np.bool_))
     ahead: UniformsAhead = field(default_factory=UniformsAhead)
     _last: tuple[tuple[int, bytes], _Gathered] | None = None
 
@@ -102,6 +105,7 @@ class SamplingColumns:
             p.temperature, p.top_k, p.top_p, p.min_p)
         self.random[row], self.penalties[row], self.min_tokens[row] = not p.greedy, p.uses_penalties, p.min_tokens > 0
         self.logprobs[row], self.top_logprobs[row] = p.logprobs, p.top_logprobs
+        self.guided[row] = seq.guide is not None
         if not p.greedy:
             self.ahead.fill(row, seq)
 
@@ -124,7 +128,8 @@ class SamplingColumns:
             gathered.temperature, gathered.top_k, gathered.top_p, gathered.min_p, uniforms,
             **(_penalty_inputs(seqs) if gathered.penalties else {}),
             suppressed_token_ids=_suppressed(seqs, eos_ids) if gathered.min_tokens else None,
-            num_top_logprobs=gathered.num_top_logprobs, want_logprobs=gathered.want_logprobs)
+            num_top_logprobs=gathered.num_top_logprobs, want_logprobs=gathered.want_logprobs,
+            allowed=_masks(seqs, gathered.guided_at) if gathered.guided_at.size else None)
 
     def _gather(self, rows: Index, forked: list[int], version: int) -> _Gathered:
         key = (version, rows.tobytes())
@@ -136,10 +141,18 @@ class SamplingColumns:
         gathered = _Gathered(
             _frozen(self.temperature[rows]), _frozen(self.top_k[rows]), _frozen(self.top_p[rows]),
             _frozen(self.min_p[rows]), random_at, rows[random_at], bool(self.penalties[rows].any()),
-            bool(self.min_tokens[rows].any()), int(self.top_logprobs[rows].max()), bool(self.logprobs[rows].any()))
+            bool(self.min_tokens[rows].any()), int(self.top_logprobs[rows].max()), bool(self.logprobs[rows].any()),
+            np.flatnonzero(self.guided[rows]))
         if not forked:
             self._last = (key, gathered)
         return gathered
+
+
+def _masks(seqs: list[Sequence], positions: Index) -> PendingMasks:
+    """Start the grammar masks of the guided sequences among `seqs` (they run while the backend does)."""
+    guides = [g for i in positions.tolist() if (g := seqs[i].guide) is not None]
+    assert len(guides) == len(positions), "a guided row's sequence has no guide"
+    return guides[0].factory.masks(guides, positions.astype(np.int32))
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ except for the few sequences that may have stopped.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,12 +34,15 @@ from backends.step_shape import StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import build_batch
 from scheduler.config import SchedulerConfig
+from scheduler.guided import PendingMasks
 from scheduler.persistent_batch import PersistentBatch
 from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step import SchedulerPlan, StepUpdates, token_logprobs
 from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
+
+log = logging.getLogger("pagedserve.scheduler")
 
 AIM = 0.97  # of the ITL target, divided by the cost model's headroom: what prefill may fill a step up to
 _Columns = tuple[LongArray, IntArray, IntArray]  # rows, starts and counts of scheduled sequences
@@ -254,6 +258,9 @@ class Scheduler:
         own = rows if index is None and not plan.forks else np.array([s.row for s in seqs], np.int64)
         self.rows.append_tokens(seqs, own, tokens, token_array)
         finished = self._finish_stopped(seqs, maybe_stopped)
+        allowed = plan.batch.sampling.allowed if plan.batch.sampling is not None else None
+        if isinstance(allowed, PendingMasks):
+            finished |= self._follow_guides(seqs, tokens, allowed)
         if seqs and self.config.batching == "static":
             self._batch_decoding = bool(self.running)
         return StepUpdates(seqs, tokens, finished, token_logprobs(output, seqs, tokens, index))
@@ -267,6 +274,19 @@ class Scheduler:
                 self.finish(seqs[i], stop.status, stop.stop_reason)
                 finished.append(i)
         return frozenset(finished)
+
+    def _follow_guides(self, seqs: list[Sequence], tokens: list[int], masks: PendingMasks) -> frozenset[int]:
+        """Each guided sequence's grammar follows its token; one whose grammar is complete stops here."""
+        masks.wait()  # the mask thread is done with these guides
+        done = []
+        for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
+            if seq.guide is None or not seq.guide.consume(token) or seq.status.finished:
+                continue
+            if seq.guide.error is not None:  # only a backend that ignored the mask gets here
+                log.warning("sequence %d left its grammar: %s", seq.seq_id, seq.guide.error)
+            self.finish(seq, SequenceStatus.FINISHED_STOPPED)
+            done.append(i)
+        return frozenset(done)
 
     def _fork_children(self, parents: list[Sequence]) -> None:
         for seq in parents:

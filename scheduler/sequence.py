@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from backends.base import LongArray
+from scheduler.guided import Guide
 from scheduler.params import SamplingParams
 
 
@@ -60,6 +61,7 @@ class Sequence:
     stop_reason: str | int | None = None
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     uniforms_ahead: np.ndarray | None = None  # drawn from rng but not used yet (see UniformsAhead)
+    guide: Guide | None = None  # its place in params.guide's grammar (None: unconstrained)
     children: list[Sequence] = field(default_factory=list)  # FORK_PENDING choices forked from this one
     # Its row while it runs, and the arrays that row is in; -1 and None otherwise. Only PersistentBatch sets them.
     row: int = -1

@@ -14,6 +14,7 @@ from backends.registry import create_backend
 from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config
 from scheduler.calibration import calibrate
 from scheduler.engine import Engine
+from scheduler.guided import GuideFactory
 from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
 from scheduler.step_cost import StepCostModel
@@ -58,10 +59,10 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
 
 
 def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None,
-                 cost: StepCostModel | None = None) -> Engine:
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> Engine:
     return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
                   max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s,
-                  cost=cost)
+                  cost=cost, guides=guides)
 
 
 def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:

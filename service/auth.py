@@ -7,6 +7,8 @@ from pathlib import Path
 
 from service.config import ConfigError, ServiceConfig
 
+TOKEN_ROUTES = ("/tokenize", "/detokenize")
+
 
 def load_keys(config: ServiceConfig) -> tuple[bytes, ...]:
     """The keys given directly plus those in the key file (one per line; blanks and '#' comments skipped)."""
@@ -42,3 +44,9 @@ def bearer_token(header: str | None) -> bytes | None:
         return parts[1].strip().encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a surrogate no byte decodes to: not a key
         return None
+
+
+def needs_key(path: str) -> bool:
+    """The routes that need a key when keys are configured: the API (/v1/*) and the token routes; /health,
+    /metrics and /openapi.json stay open for load balancers, scrapers and tools."""
+    return path.startswith("/v1/") or path in TOKEN_ROUTES

@@ -26,9 +26,14 @@ from service.schemas.responses import (
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
+    FunctionCallOut,
+    FunctionDelta,
     PromptTokensDetails,
+    ToolCallDelta,
+    ToolCallOut,
     Usage,
 )
+from service.tool_calls import CallDelta, ToolCallParser, parse_tool_calls
 
 DONE = b"data: [DONE]\n\n"
 
@@ -109,11 +114,14 @@ class CompletionFormatter:
 
 
 class ChatFormatter:
-    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: bool) -> None:
+    """`tool_calls`: parse tool calls out of the text (tools were offered), per service/tool_calls.py."""
+
+    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: bool, tool_calls: bool = False) -> None:
         self._ident = ident
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._encode = msgspec.json.Encoder().encode
+        self._parsers: dict[int, ToolCallParser] | None = {} if tool_calls else None
 
     def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes:
         """OpenAI opens each choice with a role-only delta."""
@@ -122,18 +130,39 @@ class ChatFormatter:
                         for i in range(num_choices))
 
     def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
+        if self._parsers is not None:
+            return self._tool_chunk(self._parsers.setdefault(index, ToolCallParser()), index, delta, usage)
         choice = ChatChunkChoice(index, ChatDelta(content=delta.text or None), self._lp(delta),
                                  delta.finish_reason)
         return sse(self._encode(self._chunk([choice], usage)))
+
+    def _tool_chunk(self, parser: ToolCallParser, index: int, delta: ChoiceDelta, usage: Usage | None) -> bytes:
+        content, calls = parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            rest, more = parser.finish()
+            content, calls = content + rest, calls + more
+        elif not content and not calls and not delta.logprobs:
+            return b""  # all held back (a tag or arguments arriving)
+        reason = _reason(delta.finish_reason, bool(parser.calls))
+        out = ChatDelta(content=content or None, tool_calls=[_call_delta(c) for c in calls] or None)
+        return sse(self._encode(self._chunk([ChatChunkChoice(index, out, self._lp(delta), reason)], usage)))
 
     def usage_chunk(self, usage: Usage) -> bytes:
         return sse(self._encode(self._chunk([], usage)))
 
     def response(self, choices: list[ChoiceDelta], usage: Usage) -> ChatCompletion:
-        out = [ChatChoice(i, AssistantMessage("assistant", d.text), self._lp(d), d.finish_reason)
-               for i, d in enumerate(choices)]
+        out = [self._choice(i, d) for i, d in enumerate(choices)]
         return ChatCompletion(self._ident.id, "chat.completion", self._ident.created, self._ident.model, out,
                               usage)
+
+    def _choice(self, index: int, delta: ChoiceDelta) -> ChatChoice:
+        if self._parsers is None:
+            return ChatChoice(index, AssistantMessage("assistant", delta.text), self._lp(delta), delta.finish_reason)
+        content, calls = parse_tool_calls(delta.text)
+        message = AssistantMessage("assistant", content or (None if calls else ""),
+                                   [ToolCallOut(c.id, "function", FunctionCallOut(c.name, c.arguments))
+                                    for c in calls] or None)
+        return ChatChoice(index, message, self._lp(delta), _reason(delta.finish_reason, bool(calls)))
 
     def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatChunk:
         i = self._ident
@@ -141,3 +170,14 @@ class ChatFormatter:
 
     def _lp(self, delta: ChoiceDelta) -> ChatLogprobs | None:
         return chat_logprobs(self._tokenizer, delta.logprobs or []) if self._logprobs else None
+
+
+def _reason(finish_reason: str | None, called: bool) -> str | None:
+    """OpenAI's "tool_calls" for an answer that ended by itself after calling tools."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason
+
+
+def _call_delta(delta: CallDelta) -> ToolCallDelta:
+    if delta.id is not None:
+        return ToolCallDelta(delta.index, delta.id, "function", FunctionDelta(delta.name, delta.arguments))
+    return ToolCallDelta(delta.index, function=FunctionDelta(arguments=delta.arguments))

@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import Counter
 
-from service.auth import authorized
+from service.auth import authorized, needs_key
 from service.errors import INVALID, APIError, server_error
 from service.protocol import REFUSAL_KEY
 
@@ -50,11 +50,11 @@ def screening_middleware() -> Middleware:
 
 
 def auth_middleware(keys: tuple[bytes, ...]) -> Middleware:
-    """Every /v1 route needs a key when keys are configured; /health and /metrics stay open."""
+    """The routes auth.needs_key names need a key when keys are configured."""
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if keys and request.path.startswith("/v1/") and not authorized(request.headers.get("Authorization"),
+        if keys and needs_key(request.path) and not authorized(request.headers.get("Authorization"),
                                                                          keys):
             raise APIError(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')",
                            "authentication_error", code="invalid_api_key",

@@ -8,7 +8,8 @@ from typing import Any
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from backends.model.tokenizer import Tokenizer
 from service.errors import bad_request
-from service.schemas.requests import ChatMessage, ContentPart
+from service.schemas.requests import ChatMessage, ContentPart, Tool
+from service.tool_prompt import call_dicts, generic_messages, knows_tools, tool_dicts
 
 TokenIds = tuple[int, ...]
 
@@ -59,12 +60,17 @@ def _checked(ids: Sequence[int], tokenizer: Tokenizer, param: str) -> TokenIds:
 
 
 def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: Tokenizer, max_model_len: int,
-                add_generation_prompt: bool = True) -> TokenIds:
+                add_generation_prompt: bool = True, tools: list[Tool] | None = None) -> TokenIds:
+    """The conversation through the chat template; `tools` (None: none offered) as service/tool_prompt.py says."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
     plain = [_plain(m, i) for i, m in enumerate(messages)]
+    native = knows_tools(template)
+    if not native:
+        plain = generic_messages(plain, tools)
     try:
-        text = template.render(plain, add_generation_prompt=add_generation_prompt)
+        text = template.render(plain, add_generation_prompt=add_generation_prompt,
+                               tools=tool_dicts(tools) if tools and native else None)
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return _checked(_encode(text, tokenizer, max_model_len, "messages"), tokenizer, "messages")
@@ -73,7 +79,12 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
 def _plain(message: ChatMessage, index: int) -> dict[str, Any]:
     # "developer" is OpenAI's newer name for the system role; model templates know only "system".
     role = "system" if message.role == "developer" else message.role
-    return {"role": role, "content": _text(message.content, index)}
+    out: dict[str, Any] = {"role": role, "content": _text(message.content, index)}
+    if message.tool_calls:
+        out["tool_calls"] = call_dicts(message.tool_calls)
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 def _text(content: str | list[ContentPart] | None, index: int) -> str:

@@ -36,6 +36,7 @@ from aiohttp import web
 from backends.base import BackendError
 from backends.model.loader import ModelFiles, open_model
 from backends.registry import available
+from scheduler.guided import GuideFactory
 from service.assemble import build_engine, build_parts, calibrated_cost, model_name, model_names
 from service.auth import load_keys
 from service.config import AppConfig, telemetry_config
@@ -46,7 +47,8 @@ from service.middleware import auth_middleware, counting_middleware, error_middl
 from service.protocol import make_runner
 from service.request_id import add_header, request_id_middleware
 from service.routes.completions import create_chat_completion, create_completion
-from service.routes.system import health, list_models, metrics, retrieve_model
+from service.routes.system import health, list_models, metrics, openapi, retrieve_model
+from service.routes.tokens import detokenize, tokenize
 from service.state import (
     CONFIG_KEY,
     ENCODER_KEY,
@@ -58,6 +60,7 @@ from service.state import (
     ServerState,
 )
 from service.tokenize import PromptEncoder
+from service.traceresponse import add_traceresponse
 from telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -124,6 +127,7 @@ def create_app(config: AppConfig, build: RuntimeBuilder | None = None) -> web.Ap
                      auth_middleware(load_keys(config.service))],
     )
     app.on_response_prepare.append(add_header)
+    app.on_response_prepare.append(add_traceresponse)
     if config.service.cors_allow_origins:
         app.on_response_prepare.append(cors_headers(config.service.cors_allow_origins))
     app[CONFIG_KEY] = config
@@ -141,7 +145,10 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi(app[CONFIG_KEY]))
 
 
 def _lifecycle(build: RuntimeBuilder) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -179,8 +186,9 @@ async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> R
     parts = await asyncio.to_thread(build_parts, config, files)
     cost = await asyncio.to_thread(calibrated_cost, config, parts)
     telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
-    engine = build_engine(config, parts, observer=telemetry, cost=cost)
-    return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry)
+    guides = await asyncio.to_thread(GuideFactory, parts.files.tokenizer)
+    engine = build_engine(config, parts, observer=telemetry, cost=cost, guides=guides)
+    return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry, guides)
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from backends.model.chat_template import ChatTemplate
 from backends.model.tokenizer import Tokenizer
 from scheduler.core import EngineStats
+from scheduler.guided import GuideFactory
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from service.config import AppConfig
@@ -66,6 +67,7 @@ class Runtime:
     tokenizer: Tokenizer
     chat_template: ChatTemplate
     telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
+    guides: GuideFactory | None = None  # compiles requests' grammars; None: constrained decoding is refused
 
 
 RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]

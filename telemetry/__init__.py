@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from telemetry.config import TelemetryConfig, TelemetryConfigError
-    from telemetry.context import RequestContext, extract_context
+    from telemetry.context import RequestContext, extract_context, traceresponse
     from telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
     from telemetry.observer import Telemetry
 
 __all__ = ["METRICS_CONTENT_TYPE", "RequestContext", "Telemetry", "TelemetryConfig", "TelemetryConfigError",
-           "extract_context"]
+           "extract_context", "traceresponse"]
 _EXPORTS = {
     "Telemetry": ("telemetry.observer", "Telemetry"),
     "TelemetryConfig": ("telemetry.config", "TelemetryConfig"),
     "TelemetryConfigError": ("telemetry.config", "TelemetryConfigError"),
     "RequestContext": ("telemetry.context", "RequestContext"),
     "extract_context": ("telemetry.context", "extract_context"),
+    "traceresponse": ("telemetry.context", "traceresponse"),
     "METRICS_CONTENT_TYPE": ("telemetry.metrics", "CONTENT_TYPE"),
 }
 

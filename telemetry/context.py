@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 
@@ -18,6 +19,9 @@ class RequestContext:
     operation: str = "chat"  # gen_ai.operation.name: "chat" | "text_completion"
     prompt: str | None = None  # recorded only when TelemetryConfig.record_content is on
     request_id: str | None = None  # the HTTP request's X-Request-Id (the client's or the server's)
+    # The request span's ids, reserved when the request arrives (Telemetry.reserve): the span itself is made
+    # later, on the telemetry worker, but the response's traceresponse header must name it before that.
+    span: SpanContext | None = None
 
 
 def extract_context(headers: Mapping[str, str], *, model: str | None = None, operation: str = "chat",
@@ -26,6 +30,14 @@ def extract_context(headers: Mapping[str, str], *, model: str | None = None, ope
     carrier = {key.lower(): value for key, value in headers.items()
                if key.lower() in ("traceparent", "tracestate")}
     return RequestContext(TraceContextTextMapPropagator().extract(carrier), model, operation, prompt)
+
+
+def traceresponse(context: RequestContext) -> str | None:
+    """The W3C `traceresponse` header naming the reserved request span; None when no span was reserved."""
+    span = context.span
+    if span is None:
+        return None
+    return f"00-{span.trace_id:032x}-{span.span_id:016x}-{span.trace_flags:02x}"
 
 
 def as_request_context(value: Any) -> RequestContext:

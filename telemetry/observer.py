@@ -6,18 +6,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from prometheus_client import CollectorRegistry
 
 from telemetry.config import TelemetryConfig
-from telemetry.context import as_request_context
+from telemetry.context import RequestContext, as_request_context
 from telemetry.export import ExportGuard, QuietExporterLogs, SheddingBatchProcessor, build_exporter, export_target
 from telemetry.interface import RequestRecord, StepRecord, TokenRecord
 from telemetry.metrics import TelemetryMetrics
-from telemetry.tracing import SCOPE, EpochClock, TraceSink, build_provider
+from telemetry.spans import REQUEST_SPAN
+from telemetry.tracing import SCOPE, EpochClock, ReservedIds, TraceSink, build_provider
 from telemetry.tracker import Sink, Tracker
 from telemetry.worker import Worker
 
@@ -53,12 +57,13 @@ class Telemetry:
         self._quiet.attach()
         target = export_target(self.config) if custom is None else type(custom).__name__
         self._guard = ExportGuard(exporter, target, self.metrics.add_dropped_spans, self._quiet)
-        self._provider = build_provider(self.config)
+        ids = ReservedIds()
+        self._provider = build_provider(self.config, ids)
         self._provider.add_span_processor(SheddingBatchProcessor(self._guard, self.config))
         worker, limit = self._worker, self.config.max_backlog
         assert worker is not None
         return TraceSink(self._provider.get_tracer(SCOPE), self.config, EpochClock(clock),
-                         overloaded=lambda: worker.backlog > limit, on_skip=self.metrics.add_skipped_events)
+                         overloaded=lambda: worker.backlog > limit, on_skip=self.metrics.add_skipped_events, ids=ids)
 
     @property
     def tracing(self) -> bool:
@@ -67,6 +72,22 @@ class Telemetry:
     @property
     def spans_dropped(self) -> int:
         return self._guard.dropped if self._guard is not None else 0
+
+    def reserve(self, context: RequestContext) -> RequestContext:
+        """`context` with its request span's ids chosen now, so the response can name the span (the W3C
+        traceresponse header) before the worker makes it; unchanged when traces are off or the sampler would
+        drop the span (a span that is never exported is not worth naming)."""
+        if self._provider is None:
+            return context
+        parent = trace.get_current_span(context.parent).get_span_context()
+        ids = RandomIdGenerator()  # not the provider's: the worker may be using its reserved ids right now
+        trace_id = parent.trace_id if parent.is_valid else ids.generate_trace_id()
+        decision = self._provider.sampler.should_sample(context.parent, trace_id, REQUEST_SPAN,
+                                                        trace.SpanKind.SERVER).decision
+        if not decision.is_sampled():
+            return context
+        span = trace.SpanContext(trace_id, ids.generate_span_id(), False, trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        return replace(context, span=span)
 
     def render(self) -> bytes:
         return self.metrics.render()

@@ -17,7 +17,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from telemetry.config import TelemetryConfig
 from telemetry.interface import RequestRecord, StepRecord, TokenRecord
@@ -43,13 +44,27 @@ from telemetry.tracker import RequestState
 SCOPE = "pagedserve.telemetry"
 
 
-def build_provider(config: TelemetryConfig) -> TracerProvider:
+class ReservedIds(RandomIdGenerator):
+    """Random ids, except while a request span whose ids were reserved at arrival is being started: then
+    those (the response's traceresponse header already named them). Used on the worker thread only."""
+
+    def __init__(self) -> None:
+        self.pending: SpanContext | None = None
+
+    def generate_span_id(self) -> int:
+        return self.pending.span_id if self.pending is not None else super().generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        return self.pending.trace_id if self.pending is not None else super().generate_trace_id()
+
+
+def build_provider(config: TelemetryConfig, ids: ReservedIds | None = None) -> TracerProvider:
     limits = SpanLimits(max_events=config.max_span_events, max_links=config.max_span_links,
                         max_span_attributes=config.max_span_attributes,
                         max_event_attributes=config.max_span_attributes,
                         max_link_attributes=config.max_span_attributes)
     return TracerProvider(resource=Resource.create({"service.name": config.service_name}), span_limits=limits,
-                          shutdown_on_exit=False)
+                          id_generator=ids, shutdown_on_exit=False)
 
 
 class EpochClock:
@@ -70,8 +85,8 @@ class RequestSpans:
 
 class TraceSink:
     def __init__(self, tracer: trace.Tracer, config: TelemetryConfig, clock: EpochClock,
-                 overloaded: Callable[[], bool] = lambda: False, on_skip: Callable[[int], None] = lambda n: None
-                 ) -> None:
+                 overloaded: Callable[[], bool] = lambda: False, on_skip: Callable[[int], None] = lambda n: None,
+                 ids: ReservedIds | None = None) -> None:
         """overloaded(): the worker is falling behind the engine, so per-token events are skipped (and counted
         with on_skip) until it catches up; everything else is still recorded."""
         self.tracer = tracer
@@ -83,11 +98,16 @@ class TraceSink:
         self.step_spans = config.step_spans
         self.record_content = config.record_content
         self.open: dict[str, RequestSpans] = {}
+        self.ids = ids or ReservedIds()
 
     def queued(self, state: RequestState) -> None:
-        span = self.tracer.start_span(REQUEST_SPAN, context=state.context.parent, kind=SpanKind.SERVER,
-                                      attributes=request_attributes(state, self.model),
-                                      start_time=self.clock.ns(state.queued_at))
+        self.ids.pending = state.context.span
+        try:
+            span = self.tracer.start_span(REQUEST_SPAN, context=state.context.parent, kind=SpanKind.SERVER,
+                                          attributes=request_attributes(state, self.model),
+                                          start_time=self.clock.ns(state.queued_at))
+        finally:
+            self.ids.pending = None
         self.open[state.request_id] = RequestSpans(span, trace.set_span_in_context(span))
         if self.record_content and state.context.prompt is not None:
             span.add_event(PROMPT_EVENT, {"gen_ai.prompt": state.context.prompt}, self.clock.ns(state.queued_at))

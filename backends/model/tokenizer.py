@@ -41,11 +41,12 @@ class Tokenizer:
     eos_token_ids: tuple[int, ...]
     vocab_size: int = field(default=0)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids for `text`; control-token spellings in the text become their special ids. Through
         encode_batch, which releases the GIL (encode holds it: a megabyte of text would freeze every other
-        thread for a second), at the same cost for one text."""
-        return list(self.fast.encode_batch([text], add_special_tokens=False)[0].ids)
+        thread for a second), at the same cost for one text. add_special_tokens: also the tokens the
+        tokenizer's post-processor adds (a BOS, say); tokenizers built from GGUF metadata have none."""
+        return list(self.fast.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
 
     @cached_property
     def max_token_bytes(self) -> int:

@@ -11,7 +11,7 @@ from backends.sim_backend.cost_model import CostModel, StepCost
 from backends.sim_backend.faults import Fault, FaultInjector, InjectedFault
 from backends.sim_backend.logprobs import pseudo_logprobs
 from backends.sim_backend.profiles import HardwareProfile
-from backends.sim_backend.tokens import pick, row_hashes
+from backends.sim_backend.tokens import pick, pick_allowed, row_hashes
 from backends.step_shape import CostCoefficients
 
 
@@ -85,6 +85,8 @@ class SimBackend:
         hashes = row_hashes(batch, self.seed)
         index = pick(hashes, self.vocab, None if params is None else params.suppressed_token_ids)
         token_ids = self.vocab[index].astype(np.int64)
+        if params is not None and params.allowed is not None:
+            token_ids[params.allowed.positions] = pick_allowed(hashes[params.allowed.positions], params.allowed)
         if params is None or not (params.want_logprobs or params.num_top_logprobs > 0):
             return StepOutput(token_ids, timings=timings)
         lp = pseudo_logprobs(hashes, index, self.vocab, params.num_top_logprobs)

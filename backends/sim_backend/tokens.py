@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from backends.base import LongArray, StepBatch
+from backends.base import AllowedTokens, LongArray, StepBatch
 from backends.model.config import ModelConfig
 from backends.model.tokenizer import Tokenizer
-from backends.sampling import GREEDY_BELOW
+from backends.sampling import GREEDY_BELOW, allowed_matrix
 
 U64Array = npt.NDArray[np.uint64]
 
@@ -66,6 +66,17 @@ def row_hashes(batch: StepBatch, seed: int) -> U64Array:
     bits = np.asarray(batch.sampling.uniforms, np.float32).view(np.uint32)
     sampled = np.asarray(batch.sampling.temperature, np.float32) >= GREEDY_BELOW
     return np.where(sampled, fold(h, bits), h)
+
+
+def pick_allowed(hashes: U64Array, allowed: AllowedTokens) -> LongArray:
+    """Each constrained row's token: one its grammar allows, chosen by its hash."""
+    bits = allowed.bits()
+    ok = allowed_matrix(np, bits, bits.shape[1] * 32)
+    out = np.zeros(len(hashes), np.int64)
+    for i, row in enumerate(ok):
+        ids = np.flatnonzero(row)
+        out[i] = ids[int(hashes[i] % np.uint64(len(ids)))] if ids.size else 0
+    return out
 
 
 def pick(hashes: U64Array, vocab: LongArray, suppressed: LongArray | None) -> LongArray:

@@ -105,14 +105,13 @@ def _servable(model: str) -> dict[str, dict[str, Schema]]:
     text_part = {"type": "object", "properties": {"type": {"const": "text"}, "text": _text(0, 200)},
                  "required": ["type", "text"]}
     content = {"anyOf": [_text(0, 200), NULL, _array(text_part, 0, 3)]}
-    text_format = {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]}
     return {
         "CompletionRequest": {**common, "prompt": prompt, "logprobs": _opt(_int(0, 5)),
                               "echo": {"enum": [False, None]}, "suffix": NULL, "best_of": NULL},
         "ChatRequest": {**common, "messages": _array(ref(SERVABLE + "ChatMessage"), 1, 3),
                         "max_completion_tokens": _opt(_int(1, 16)), "top_logprobs": {"enum": [None, 0]},
-                        "response_format": _opt(text_format),
-                        "tools": _opt(_array({}, 0, 0))},
+                        "tools": _opt(_array({}, 0, 0)),
+                        "tool_choice": {"enum": [None, "none"]}},  # a forced call needs tools
         "ChatMessage": {"content": content},
     }
 
@@ -133,6 +132,10 @@ def _servable_common(model: str) -> dict[str, Schema]:
         "stop": _opt({"anyOf": [_text(1, 8), _array(_text(1, 8), 0, 4)]}),
         "stop_token_ids": _opt(_array(_int(0, 1000), 0, 4)),
         "logit_bias": NULL,
+        # one constraint at most, and a choice list is the one any strings make a valid grammar of
+        "response_format": _opt({"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"]}),
+        "guided_json": NULL, "guided_regex": NULL, "guided_grammar": NULL,
+        "guided_choice": _opt(_array(_text(1, 8), 1, 3)),
     }
 
 

@@ -3,12 +3,14 @@ that tells them apart (so a mutated body's expected fate comes from the schema, 
 
 The subset handled: `$ref` into `$defs`, `anyOf`, `const`/`enum`, `type` (null, boolean, integer, number,
 string, array, object), `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum`, `minLength`/`maxLength`,
+`pattern` (of character-class shape: a value keeps the characters that match it alone),
 `items`/`minItems`/`maxItems`, `properties`/`required`/`additionalProperties`, and `{}` (msgspec's Any)."""
 
 from __future__ import annotations
 
 import math
 import random
+import re
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -143,7 +145,11 @@ class SchemaGen:
 
     def _string(self, schema: Schema, rng: random.Random, depth: int) -> str:
         shortest = schema.get("minLength", 0)
-        return self.text(rng, shortest, min(schema.get("maxLength", math.inf), self.limits.max_chars))
+        text = self.text(rng, shortest, min(schema.get("maxLength", math.inf), self.limits.max_chars))
+        if "pattern" not in schema:
+            return text
+        kept = "".join(c for c in text if re.search(schema["pattern"], c))
+        return kept + "a" * max(0, shortest - len(kept))
 
     def _array(self, schema: Schema, rng: random.Random, depth: int) -> list[Any]:
         shortest = schema.get("minItems", 0)
@@ -234,7 +240,8 @@ _CHECKS: dict[str, Check] = {
     "integer": lambda gen, schema, v: _number_ok(schema, v, (int,)),
     "number": lambda gen, schema, v: _number_ok(schema, v, (int, float)),
     "string": lambda gen, schema, v: isinstance(v, str)
-    and schema.get("minLength", 0) <= len(v) <= schema.get("maxLength", math.inf),
+    and schema.get("minLength", 0) <= len(v) <= schema.get("maxLength", math.inf)
+    and ("pattern" not in schema or re.search(schema["pattern"], v) is not None),
     "array": _array_ok,
     "object": _object_ok,
 }

@@ -15,6 +15,7 @@ from service.prompts import TokenIds
 from service.request_id import engine_id, request_id_of
 from service.schemas.requests import CommonRequest
 from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
+from service.traceresponse import remember
 from telemetry import RequestContext, extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request
@@ -67,7 +68,16 @@ def trace_contexts(request: web.Request, model: str, operation: str, prompts: li
     template included) for the request span. Off, no prompt text is even decoded."""
     base = replace(extract_context(request.headers, model=model, operation=operation),
                    request_id=request_id_of(request))
+    contexts = tuple(_context(request, base, ids) for ids in prompts)
+    if contexts:
+        remember(request, contexts[0])  # traceresponse names the first prompt's span (one per prompt)
+    return contexts
+
+
+def _context(request: web.Request, base: RequestContext, prompt: TokenIds) -> RequestContext:
+    """One prompt's context: its request span's ids reserved now (when traced) for the traceresponse header."""
+    runtime = runtime_of(request)
+    context = runtime.telemetry.reserve(base) if runtime.telemetry is not None else base
     if not request.app[CONFIG_KEY].telemetry.record_content:
-        return (base,) * len(prompts)
-    tokenizer = runtime_of(request).tokenizer
-    return tuple(replace(base, prompt=tokenizer.decode(ids, skip_special_tokens=False)) for ids in prompts)
+        return context
+    return replace(context, prompt=runtime.tokenizer.decode(prompt, skip_special_tokens=False))

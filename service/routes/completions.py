@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from scheduler.guided import GuideSpec
 from service.body import read_json
+from service.errors import bad_request
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
+from service.guided import guide_of
 from service.jobs import Job, run_job
 from service.params import chat_params, completion_params
 from service.prompts import (
@@ -21,6 +24,7 @@ from service.routes.common import check_choices, make_job, runtime_of, served_mo
 from service.schemas.requests import ChatRequest, CompletionRequest
 from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
 from service.tokenize import message_chars, prompt_chars
+from service.tools import ToolUse, tool_use
 from service.transcript import with_transcript
 
 
@@ -28,7 +32,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    params = completion_params(req)
+    params = completion_params(req, guide_of(req, runtime.guides))
     check_choices(num_prompts(req.prompt), params.n)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
@@ -45,17 +49,26 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    params = chat_params(req)
+    tools = tool_use(req, runtime.guides)
+    params = chat_params(req, _one_guide(tools, guide_of(req, runtime.guides)))
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
     prompt = await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages,
                                                 runtime.chat_template, runtime.tokenizer,
-                                                encode_limit(max_len, keep), req.add_generation_prompt)
+                                                encode_limit(max_len, keep), req.add_generation_prompt,
+                                                tools.offered)
     prompts = truncated([prompt], keep)
     check_context(prompts, params.max_tokens, max_len, "messages")
     job = make_job(request, "chatcmpl", model, prompts, params, req)
-    fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs)), job, runtime)
+    fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs), tools.parse), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
+
+
+def _one_guide(tools: ToolUse, asked: GuideSpec | None) -> GuideSpec | None:
+    if tools.guide is not None and asked is not None:
+        raise bad_request("a forced tool call (tool_choice) cannot be combined with response_format or guided_*",
+                          "tool_choice")
+    return tools.guide or asked
 
 
 def _logged(request: web.Request, fmt: Formatter, job: Job, runtime: Runtime) -> Formatter:

@@ -1,12 +1,15 @@
-"""GET /v1/models, GET /health and GET /metrics."""
+"""GET /v1/models, GET /health, GET /metrics and GET /openapi.json."""
 
 from __future__ import annotations
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.config import AppConfig
 from service.errors import JSON_CONTENT, RETRY_AFTER_S
+from service.openapi import openapi_document
 from service.routes.common import served_model
 from service.schemas.responses import Health, ModelCard, ModelList
 from service.state import REGISTRY_KEY, STATE_KEY, Phase
@@ -38,6 +41,16 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[REGISTRY_KEY])  # telemetry's metrics included: it registers there
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def openapi(config: AppConfig) -> Handler:
+    """The handler of GET /openapi.json. The document depends on the config alone: built and encoded once."""
+    body = msgspec.json.encode(openapi_document(config))
+
+    async def document(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type=JSON_CONTENT)
+
+    return document
 
 
 def _json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

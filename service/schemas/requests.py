@@ -23,16 +23,67 @@ class ContentPart(Struct):
     text: str | None = None
 
 
+class FunctionCall(Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Struct, forbid_unknown_fields=True):
+    """An assistant's earlier tool call, in the history."""
+
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(Struct):
     role: Role
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
 
-class ResponseFormat(Struct):
-    type: str
+FunctionName = Annotated[str, Meta(min_length=1, max_length=64, pattern="^[A-Za-z0-9_-]+$")]  # OpenAI's rule
+
+
+class FunctionDefinition(Struct, forbid_unknown_fields=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; None: no arguments
+    strict: bool | None = None  # accepted: arguments always follow the schema when the grammar enforces them
+
+
+class Tool(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ChosenFunction(Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(Struct, forbid_unknown_fields=True):
+    """OpenAI's response_format.json_schema. The schema is always enforced (strict or not): decoding follows
+    it token by token."""
+
+    name: str
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(Struct, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +119,13 @@ class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's constrained decoding: at most one of these (or response_format); the backend name is accepted
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
 
 class CompletionRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
@@ -85,8 +143,27 @@ class ChatRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
     max_completion_tokens: Int32 | None = None
     logprobs: bool | None = False
     top_logprobs: Int32 | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
+
+
+# --- vLLM's /tokenize and /detokenize ---
+class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's two shapes in one: `prompt` (completion form) or `messages` (chat form), exactly one.
+    add_special_tokens defaults to vLLM's per form (True for a prompt, False for messages: the chat template
+    already spells its special tokens), so None here means "the form's default"."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str | None = None
+    tokens: list[Int32]

@@ -68,9 +68,21 @@ class ChatLogprobs(Struct):
     content: list[ChatTokenLogprob] | None
 
 
-class AssistantMessage(Struct):
+class FunctionCallOut(Struct):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(Struct):
+    id: str
+    type: str
+    function: FunctionCallOut
+
+
+class AssistantMessage(Struct, omit_defaults=True):
     role: str
     content: str | None
+    tool_calls: list[ToolCallOut] | None = None  # omitted when the model called none
 
 
 class ChatChoice(Struct):
@@ -89,9 +101,24 @@ class ChatCompletion(Struct):
     usage: Usage | None
 
 
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A piece of a streamed tool call: the first carries id, type and name, the next ones argument text."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
 class ChatDelta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct):
@@ -126,3 +153,15 @@ class ModelList(Struct):
 
 class Health(Struct):
     status: str  # loading | ready | draining | stopped | failed | unhealthy
+
+
+# --- /tokenize, /detokenize (vLLM's) ---
+class TokenizeResponse(Struct):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(Struct):
+    prompt: str

@@ -100,6 +100,7 @@ def reference_inputs(seqs: list[Sequence], eos_ids: frozenset[int]) -> dict[str,
         "prompt_token_ids": padded([s.token_ids[: s.prompt_len] for s in seqs]) if pen else None,
         "suppressed_token_ids": padded(bans) if any(p.min_tokens for p in params) and any(bans) else None,
         "num_top_logprobs": max(p.top_logprobs for p in params), "want_logprobs": any(p.logprobs for p in params),
+        "allowed": None,  # no grammar among these parameters
     }
 
 

@@ -35,6 +35,8 @@ def test_missing_or_wrong_key_is_401(auth_server: LiveServer, header: str | None
     assert reply.status == 401 and reply.headers.get("WWW-Authenticate") == "Bearer"
     assert reply.error()["type"] == "authentication_error"
     assert request("GET", auth_server.url + "/v1/models", headers=headers).status == 401
+    assert post(auth_server.url + "/tokenize", {"prompt": "hi"}, headers).status == 401
+    assert post(auth_server.url + "/detokenize", {"tokens": [1]}, headers).status == 401
 
 
 @pytest.mark.parametrize("key", ["key-one", "key-two", "file-key"])

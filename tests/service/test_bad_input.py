@@ -42,7 +42,9 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("empty stop string", CMPL, {"prompt": "a", "stop": [""]}, 400, BAD, "stop"),
     ("unknown model", CMPL, {"prompt": "a", "model": "gpt-9"}, 404, BAD, "model"),
     ("unknown field", CMPL, {"prompt": "a", "frobnicate": 1}, 400, BAD, "frobnicate"),
-    ("unsupported field", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, BAD, "tools"),
+    ("tool without a function", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, BAD,
+     "tools[0].function"),
+    ("unsupported field", CHAT, {"messages": USER, "logit_bias": {"1": 2.0}}, 400, BAD, "logit_bias"),
     ("empty prompt", CMPL, {"prompt": ""}, 400, BAD, "prompt"),
     ("empty prompt list", CMPL, {"prompt": []}, 400, BAD, "prompt"),
     ("mixed prompt list", CMPL, {"prompt": ["a", 5]}, 400, BAD, "prompt"),
@@ -107,10 +109,10 @@ def _nested(depth: int, leaf: str = "1") -> str:
 
 DEEP: list[tuple[str, str, bytes]] = [
     # (name, path, body): each nests far past the decoder's recursion limit
-    ("tools", CHAT, f'{{"messages": [{{"role": "user", "content": "hi"}}], "tools": {_nested(20_000)}}}'.encode()),
-    ("tool_choice", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": '
+    ("guided_json", CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "guided_json": '
      + b'{"a": ' * 8_000 + b"1" + b"}" * 8_000 + b"}"),
-    ("tool_calls", CHAT, f'{{"messages": [{{"role": "assistant", "tool_calls": [{_nested(20_000)}]}}]}}'.encode()),
+    ("tool parameters", CHAT, f'{{"messages": [{{"role": "user", "content": "hi"}}], "tools": [{{"type": "function", '
+     f'"function": {{"name": "f", "parameters": {{"x": {_nested(20_000)}}}}}}}]}}'.encode()),
     ("unknown field", CMPL, f'{{"prompt": "a", "frobnicate": {_nested(20_000)}}}'.encode()),
     ("unclosed", CMPL, b'{"prompt": ' + b"[" * 60_000),
 ]
@@ -126,8 +128,9 @@ def test_deep_nesting_is_400_not_a_crash(sim_server: LiveServer, caplog: pytest.
 
 
 def test_nesting_up_to_the_limit_is_accepted(sim_server: LiveServer) -> None:
-    def chat(depth: int) -> Any:  # the body object is one level, tool_choice's value the rest
-        return f'{{"messages": {json.dumps(USER)}, "max_tokens": 1, "tool_choice": {_nested(depth - 1)}}}'.encode()
+    def chat(depth: int) -> Any:  # body, tools, tool, function and parameters are five levels, "x" the rest
+        tool = f'{{"type": "function", "function": {{"name": "f", "parameters": {{"x": {_nested(depth - 5)}}}}}}}'
+        return f'{{"messages": {json.dumps(USER)}, "max_tokens": 1, "tool_choice": "none", "tools": [{tool}]}}'.encode()
 
     assert post(sim_server.url + CHAT, chat(MAX_JSON_DEPTH)).status == 200
     assert post(sim_server.url + CHAT, chat(MAX_JSON_DEPTH + 1)).error()["code"] == "nesting_too_deep"

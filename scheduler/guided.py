@@ -1,0 +1,166 @@
+"""Constrained decoding with llguidance: a request's grammar, one matcher per sequence, a token mask per step.
+
+A request's constraint (a JSON schema, a regular expression, a list of choices, a Lark grammar) is compiled
+once, when the service reads the request, into a `GuideSpec` (llguidance's grammar text); a bad one is an
+InvalidRequestError there, before anything is queued. Each sequence of the request gets its own `Guide` (an
+`LLMatcher` over the model's tokenizer) that follows the tokens it samples.
+
+Per step, the masks of the sampled sequences that have a guide are computed on the factory's mask thread while
+the backend runs the forward pass (llguidance releases the GIL); sampling waits for them only when it needs
+them (`AllowedTokens.bits`). Steps without a guided sequence build nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence as Seq
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+
+from backends.base import IntArray
+from scheduler.errors import InvalidRequestError
+
+GuideKind = Literal["json_schema", "regex", "choice", "lark"]
+# Compact but readable JSON ("a": 1, "b": 2): with free whitespace a small model can fill its budget with blank
+# lines that the grammar allows.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_SPEC_CHARS = 64 * 1024  # a grammar bigger than this is refused before compiling
+
+
+class GuideTokenizer(Protocol):
+    """What llguidance needs of the model's tokenizer (backends.model.tokenizer.Tokenizer fits)."""
+
+    @property
+    def token_bytes(self) -> tuple[bytes, ...]: ...
+
+    @property
+    def special_ids(self) -> frozenset[int]: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def bos_token_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class GuideSpec:
+    """A compiled constraint: llguidance's grammar text, and what the client asked for (for logs and errors)."""
+
+    grammar: str
+    kind: GuideKind
+
+
+class _Wrapped:
+    """The tokenizer in the shape llguidance's TokenizerWrapper reads (tokens as raw bytes)."""
+
+    def __init__(self, tokenizer: GuideTokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_token_ids[0]
+        self.bos_token_id = tokenizer.bos_token_id
+        self.tokens = list(tokenizer.token_bytes)
+        self.special_token_ids = sorted(tokenizer.special_ids)
+        self._encode = tokenizer.encode
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return self._encode(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
+
+
+class GuideFactory:
+    """llguidance over one tokenizer (built once: about 0.1 s), the compiler of specs and maker of guides."""
+
+    def __init__(self, tokenizer: GuideTokenizer, mask_threads: int = 1) -> None:
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped(tokenizer)))
+        self.vocab_size = self.tokenizer.vocab_size
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-masks")
+        self._executor = llguidance.LLExecutor(mask_threads)
+
+    def compile(self, kind: GuideKind, value: Any, param: str) -> GuideSpec:
+        """The spec of a constraint given as JSON schema (dict), regex (str), choices (list of str) or Lark
+        grammar (str); raises InvalidRequestError naming `param` when llguidance cannot compile it."""
+        grammar = _grammar(kind, value, param)
+        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise InvalidRequestError(f"{param}: the {_NAMES[kind]} cannot be used: {error.strip()}", param)
+        return GuideSpec(grammar, kind)
+
+    def guide(self, spec: GuideSpec) -> Guide:
+        return Guide(llguidance.LLMatcher(self.tokenizer, spec.grammar, log_level=0), self)
+
+    def masks(self, guides: Seq[Guide], positions: IntArray) -> PendingMasks:
+        """Start computing the masks of `guides` (sampled at `positions`); the result is awaited by sampling."""
+        bits = llg_numpy.allocate_token_bitmask(len(guides), self.vocab_size)
+        pairs = [(g.matcher, i) for i, g in enumerate(guides)]
+        future = self._pool.submit(llg_numpy.fill_next_token_bitmask_par, self._executor, pairs, bits)
+        return PendingMasks(positions, bits, future)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_NAMES = {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice list",
+          "lark": "grammar"}
+
+
+def _grammar(kind: GuideKind, value: Any, param: str) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) > MAX_SPEC_CHARS:
+        raise InvalidRequestError(f"{param}: the {_NAMES[kind]} is longer than {MAX_SPEC_CHARS} characters", param)
+    if kind == "json_schema":
+        if not isinstance(value, dict):
+            raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
+        return llguidance.LLMatcher.grammar_from_json_schema(value, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(_string(value, param))
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequestError(f"{param}: choices must be a non-empty list of non-empty strings", param)
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in value))
+    return llguidance.LLMatcher.grammar_from_lark(_string(value, param))
+
+
+def _string(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{param} must be a non-empty string", param)
+    return value
+
+
+class Guide:
+    """One sequence's place in its grammar. Touched by one thread at a time: the mask thread during a step,
+    the engine's thread after it (Scheduler.update waits for the step's masks before consuming)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, factory: GuideFactory) -> None:
+        self.matcher = matcher
+        self.factory = factory
+
+    def consume(self, token: int) -> bool:
+        """Follow a sampled token; True when the grammar is done (or broken) and the sequence must stop."""
+        self.matcher.consume_token(token)
+        return bool(self.matcher.is_stopped() or self.matcher.is_error())
+
+    @property
+    def error(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None
+
+
+class PendingMasks:
+    """The allowed tokens of the guided rows of one step (backends.base.AllowedTokens), being computed."""
+
+    def __init__(self, positions: IntArray, bits: np.ndarray, future: Future[None]) -> None:
+        self.positions = positions
+        self._bits = bits
+        self._future = future
+
+    def bits(self) -> np.ndarray:
+        self._future.result()
+        return self._bits
+
+    def wait(self) -> None:
+        """Block until the mask thread is done with the guides (so the engine may move them on)."""
+        self._future.exception()
