@@ -14,6 +14,7 @@ from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
 from scheduler.errors import (
+    GRAMMAR_FAILED,
     KV_CACHE_EXHAUSTED,
     DuplicateRequestError,
     EngineStoppedError,
@@ -225,6 +226,9 @@ class EngineCore:
         for request_id, exc in broken.items():
             log.error("request %s: processing its output failed", request_id, exc_info=exc)
             self.abort(request_id, f"processing this request's output failed: {type(exc).__name__}: {exc}")
+        for request_id, why in updates.broken_guides.items():
+            log.warning("request %s: its grammar failed: %s", request_id, why)
+            self.abort(request_id, f"the output could not follow its grammar: {why}", GRAMMAR_FAILED)
         if broken:
             self.observer.step_failed("output_processing")
         return list(broken)

@@ -6,6 +6,7 @@ from __future__ import annotations
 # max_preemptions times: the KV cache is too small for the load, so retrying later can succeed (HTTP 503).
 KV_CACHE_EXHAUSTED = "kv_cache_exhausted"
 ENGINE_FAILED = "engine_failed"  # a request ended because the engine failed (it serves nothing more)
+GRAMMAR_FAILED = "grammar_failed"  # a request's grammar broke mid-answer (a resource limit of the matcher: HTTP 400)
 
 
 class SchedulerError(Exception):

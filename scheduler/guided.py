@@ -32,6 +32,13 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 MAX_SPEC_CHARS = 64 * 1024  # a grammar bigger than this is refused before compiling
 
 
+def parser_limits() -> llguidance.LLParserLimits:
+    """Tighter than llguidance's defaults, so that no grammar costs a step more than a few tens of ms (a
+    pathological regex's first mask: 0.8 s by default, 42 ms with these); errors name no grammar text."""
+    return llguidance.LLParserLimits(initial_lexer_fuel=100_000, step_lexer_fuel=100_000,
+                                     max_lexer_states=50_000, verbose_errors=False)
+
+
 class GuideTokenizer(Protocol):
     """What llguidance needs of the model's tokenizer (backends.model.tokenizer.Tokenizer fits)."""
 
@@ -75,9 +82,10 @@ class _Wrapped:
 class GuideFactory:
     """llguidance over one tokenizer (built once: about 0.1 s), the compiler of specs and maker of guides."""
 
-    def __init__(self, tokenizer: GuideTokenizer, mask_threads: int = 1) -> None:
+    def __init__(self, tokenizer: GuideTokenizer, mask_threads: int = 2) -> None:
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped(tokenizer)))
         self.vocab_size = self.tokenizer.vocab_size
+        self.limits = parser_limits()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-masks")
         self._executor = llguidance.LLExecutor(mask_threads)
 
@@ -85,13 +93,20 @@ class GuideFactory:
         """The spec of a constraint given as JSON schema (dict), regex (str), choices (list of str) or Lark
         grammar (str); raises InvalidRequestError naming `param` when llguidance cannot compile it."""
         grammar = _grammar(kind, value, param)
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        error: str | None = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer, limits=self.limits)
+        if not error:  # the first mask too: some limits are only met there
+            error = self._first_mask_error(grammar)
         if error:
             raise InvalidRequestError(f"{param}: the {_NAMES[kind]} cannot be used: {error.strip()}", param)
         return GuideSpec(grammar, kind)
 
+    def _first_mask_error(self, grammar: str) -> str | None:
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
+        llg_numpy.fill_next_token_bitmask(matcher, llg_numpy.allocate_token_bitmask(1, self.vocab_size))
+        return matcher.get_error() if matcher.is_error() else None
+
     def guide(self, spec: GuideSpec) -> Guide:
-        return Guide(llguidance.LLMatcher(self.tokenizer, spec.grammar, log_level=0), self)
+        return Guide(llguidance.LLMatcher(self.tokenizer, spec.grammar, log_level=0, limits=self.limits), self)
 
     def masks(self, guides: Seq[Guide], positions: IntArray) -> PendingMasks:
         """Start computing the masks of `guides` (sampled at `positions`); the result is awaited by sampling."""
@@ -108,7 +123,20 @@ _NAMES = {"json_schema": "JSON schema", "regex": "regular expression", "choice":
           "lark": "grammar"}
 
 
+def _first_line(error: str) -> str:
+    return error.strip().splitlines()[0] if error.strip() else error
+
+
 def _grammar(kind: GuideKind, value: Any, param: str) -> str:
+    try:
+        return _grammar_text(kind, value, param)
+    except InvalidRequestError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:  # llguidance's own refusals (an integer past 64 bits)
+        raise InvalidRequestError(f"{param}: the {_NAMES[kind]} cannot be used: {exc}", param) from None
+
+
+def _grammar_text(kind: GuideKind, value: Any, param: str) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     if len(text) > MAX_SPEC_CHARS:
         raise InvalidRequestError(f"{param}: the {_NAMES[kind]} is longer than {MAX_SPEC_CHARS} characters", param)
@@ -146,7 +174,7 @@ class Guide:
 
     @property
     def error(self) -> str | None:
-        return self.matcher.get_error() if self.matcher.is_error() else None
+        return _first_line(self.matcher.get_error()) if self.matcher.is_error() else None
 
 
 class PendingMasks:

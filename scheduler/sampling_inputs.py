@@ -180,7 +180,8 @@ def _suppressed(seqs: list[Sequence], eos_ids: frozenset[int]) -> LongArray | No
 
 
 def _banned(seq: Sequence, eos_ids: frozenset[int]) -> list[int]:
-    if seq.num_output_tokens >= seq.params.min_tokens:
+    # A grammar decides where its answer ends: banning EOS once it is complete would leave no token at all.
+    if seq.num_output_tokens >= seq.params.min_tokens or seq.guide is not None:
         return []
     return sorted(set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else eos_ids))
 

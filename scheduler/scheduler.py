@@ -23,7 +23,6 @@ except for the few sequences that may have stopped.
 from __future__ import annotations
 
 import bisect
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -41,8 +40,6 @@ from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step import SchedulerPlan, StepUpdates, token_logprobs
 from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
-
-log = logging.getLogger("pagedserve.scheduler")
 
 AIM = 0.97  # of the ITL target, divided by the cost model's headroom: what prefill may fill a step up to
 _Columns = tuple[LongArray, IntArray, IntArray]  # rows, starts and counts of scheduled sequences
@@ -259,11 +256,12 @@ class Scheduler:
         self.rows.append_tokens(seqs, own, tokens, token_array)
         finished = self._finish_stopped(seqs, maybe_stopped)
         allowed = plan.batch.sampling.allowed if plan.batch.sampling is not None else None
+        broken: dict[str, str] = {}
         if isinstance(allowed, PendingMasks):
-            finished |= self._follow_guides(seqs, tokens, allowed)
+            finished |= self._follow_guides(seqs, tokens, allowed, broken)
         if seqs and self.config.batching == "static":
             self._batch_decoding = bool(self.running)
-        return StepUpdates(seqs, tokens, finished, token_logprobs(output, seqs, tokens, index))
+        return StepUpdates(seqs, tokens, finished, token_logprobs(output, seqs, tokens, index), broken)
 
     def _finish_stopped(self, seqs: list[Sequence], maybe_stopped: np.ndarray) -> frozenset[int]:
         """check_token_stop decides, for the few sequences the NumPy pre-check could not rule out."""
@@ -275,15 +273,18 @@ class Scheduler:
                 finished.append(i)
         return frozenset(finished)
 
-    def _follow_guides(self, seqs: list[Sequence], tokens: list[int], masks: PendingMasks) -> frozenset[int]:
-        """Each guided sequence's grammar follows its token; one whose grammar is complete stops here."""
+    def _follow_guides(self, seqs: list[Sequence], tokens: list[int], masks: PendingMasks,
+                       broken: dict[str, str]) -> frozenset[int]:
+        """Each guided sequence's grammar follows its token; one whose grammar is complete stops here, and one
+        whose grammar failed (a matcher's resource limit) goes into `broken`, for its request to fail."""
         masks.wait()  # the mask thread is done with these guides
         done = []
         for i, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             if seq.guide is None or not seq.guide.consume(token) or seq.status.finished:
                 continue
-            if seq.guide.error is not None:  # only a backend that ignored the mask gets here
-                log.warning("sequence %d left its grammar: %s", seq.seq_id, seq.guide.error)
+            if seq.guide.error is not None:  # the engine fails the request (not a "stop": the text breaks the rule)
+                broken[seq.request_id] = seq.guide.error
+                continue
             self.finish(seq, SequenceStatus.FINISHED_STOPPED)
             done.append(i)
         return frozenset(done)

@@ -51,6 +51,7 @@ class StepUpdates:
     token_ids: list[int]
     finished: frozenset[int] = frozenset()  # positions of the sequences a token-level stop ended
     logprobs: list[TokenLogprob | None] | None = None  # per position, when the step returned logprobs
+    broken_guides: dict[str, str] = field(default_factory=dict)  # request id -> why its grammar failed
 
 
 def token_logprobs(output: StepOutput, seqs: list[Sequence], tokens: list[int], index: list[int] | None

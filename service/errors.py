@@ -9,6 +9,7 @@ from aiohttp import web
 
 from scheduler.errors import (
     ENGINE_FAILED,
+    GRAMMAR_FAILED,
     KV_CACHE_EXHAUSTED,
     EngineStoppedError,
     InvalidRequestError,
@@ -98,11 +99,13 @@ def timed_out(seconds: float) -> APIError:
 def engine_failure(accepting: bool, message: str, code: str | None = None) -> APIError:
     """A request the engine ended with an error: cut short by the engine failing or by shutdown (503: retry
     elsewhere), preempted too often because the KV cache is too small for the load (503: retry later), or a
-    failure of its own step (500)."""
+    failure of its own step (500); a grammar that broke mid-answer is the request's own fault (400)."""
     if code == ENGINE_FAILED:
         return unavailable(f"the request was cut short: {message}", ENGINE_FAILED, retry_after=RETRY_AFTER_S)
     if not accepting:
         return unavailable(f"the request was cut short: {message}", "shutting_down")
     if code == KV_CACHE_EXHAUSTED:
         return unavailable(message, KV_CACHE_EXHAUSTED, retry_after=1)
+    if code == GRAMMAR_FAILED:  # the request's own grammar, past a matcher limit: the client's to change
+        return bad_request(message, None, GRAMMAR_FAILED)
     return server_error(f"generation failed: {message}", "engine_error")

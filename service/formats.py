@@ -141,7 +141,7 @@ class ChatFormatter:
         if delta.finish_reason is not None:
             rest, more = parser.finish()
             content, calls = content + rest, calls + more
-        elif not content and not calls and not delta.logprobs:
+        elif not content and not calls and not delta.logprobs and usage is None:
             return b""  # all held back (a tag or arguments arriving)
         reason = _reason(delta.finish_reason, bool(parser.calls))
         out = ChatDelta(content=content or None, tool_calls=[_call_delta(c) for c in calls] or None)

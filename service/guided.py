@@ -32,6 +32,13 @@ def guide_of(req: CommonRequest, guides: GuideFactory | None) -> GuideSpec | Non
         raise bad_request(str(exc), exc.param or param) from None
 
 
+def has_constraint(req: CommonRequest) -> bool:
+    """Whether the request asks for any constraint (cheap: no parsing, no compiling)."""
+    fmt = req.response_format
+    return (fmt is not None and fmt.type != "text") or req.guided_json is not None or \
+        any(getattr(req, param) is not None for param, _ in _PLAIN)
+
+
 def _constraints(req: CommonRequest) -> list[tuple[str, GuideKind, Any]]:
     found: list[tuple[str, GuideKind, Any]] = []
     if req.response_format is not None and req.response_format.type != "text":

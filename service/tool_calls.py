@@ -90,7 +90,7 @@ class ToolCallParser:
         call = self._call
         assert call is not None
         call.text, self._buffer = call.text + self._buffer, ""
-        end = call.text.find(CLOSE)
+        end = _closing_tag(call.text)
         if end >= 0:
             self._buffer = call.text[end + len(CLOSE):]
             self._close_call(call.text[:end], deltas)
@@ -106,8 +106,8 @@ class ToolCallParser:
             call.name = _unescape(head.group(1))
             deltas.append(CallDelta(len(self.calls), call.id, call.name))
         body = call.text[head.end():]
-        brace = body.rfind("}")  # from the last brace on, the text may be the call object's own end
-        safe = brace if brace >= 0 else len(body)
+        brace = body.rfind("}")  # from the last brace on (and the space before it), the call object may be ending
+        safe = len(body[:brace].rstrip()) if brace >= 0 else len(body)
         if safe > call.sent:
             deltas.append(CallDelta(len(self.calls), arguments=body[call.sent:safe]))
             call.sent = safe
@@ -122,6 +122,27 @@ class ToolCallParser:
         if len(arguments) > call.sent:
             deltas.append(CallDelta(len(self.calls), arguments=arguments[call.sent:]))
         self.calls.append(ParsedCall(call.id, call.name, arguments))
+
+
+def _closing_tag(text: str) -> int:
+    """Where the call's closing tag starts: the first one outside a JSON string (-1: none yet)."""
+    end = text.find(CLOSE)
+    while end >= 0 and not _outside_string(text[:end]):
+        end = text.find(CLOSE, end + 1)
+    return end
+
+
+def _outside_string(text: str) -> bool:
+    """Whether JSON text ends outside a string literal (its unescaped quotes are even)."""
+    quotes, escaped = 0, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quotes += 1
+    return quotes % 2 == 0
 
 
 def _name_and_arguments(text: str) -> tuple[str, str]:

@@ -20,6 +20,7 @@ from service.errors import bad_request
 from service.schemas.requests import ChatRequest, NamedToolChoice, Tool
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+DEFINITIONS = ("$defs", "definitions")
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,13 @@ def call_grammar(tools: list[Tool], single: bool) -> str:
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
-    parameters = tool.function.parameters if tool.function.parameters is not None else EMPTY_PARAMETERS
+    """The call object's schema; the parameters' definitions move to its root, where their `#/$defs/...`
+    references (pydantic's nested models) point."""
+    parameters = dict(tool.function.parameters) if tool.function.parameters is not None else EMPTY_PARAMETERS
+    definitions = {key: parameters.pop(key) for key in DEFINITIONS if key in parameters}
     return {"type": "object", "properties": {"name": {"const": tool.function.name}, "arguments": parameters},
-            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_LAYOUT}
+            "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": JSON_LAYOUT,
+            **definitions}
 
 
 def _compile(guides: GuideFactory | None, lark: str) -> GuideSpec:
@@ -88,4 +93,4 @@ def _compile(guides: GuideFactory | None, lark: str) -> GuideSpec:
     try:
         return guides.compile("lark", lark, "tools")
     except InvalidRequestError as exc:
-        raise bad_request(f"a function's parameters cannot be used: {exc}", "tools") from None
+        raise bad_request(str(exc), "tools") from None

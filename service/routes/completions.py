@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from aiohttp import web
 
-from scheduler.guided import GuideSpec
+from scheduler.guided import GuideFactory, GuideSpec
 from service.body import read_json
 from service.errors import bad_request
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
-from service.guided import guide_of
+from service.guided import guide_of, has_constraint
 from service.jobs import Job, run_job
 from service.params import chat_params, completion_params
 from service.prompts import (
@@ -27,12 +31,14 @@ from service.tokenize import message_chars, prompt_chars
 from service.tools import ToolUse, tool_use
 from service.transcript import with_transcript
 
+T = TypeVar("T")
+
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    params = completion_params(req, guide_of(req, runtime.guides))
+    params = completion_params(req, await _off_loop(has_constraint(req), guide_of, req, runtime.guides))
     check_choices(num_prompts(req.prompt), params.n)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
@@ -49,8 +55,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    tools = tool_use(req, runtime.guides)
-    params = chat_params(req, _one_guide(tools, guide_of(req, runtime.guides)))
+    tools, guide = await _off_loop(has_constraint(req) or bool(req.tools), _chat_guidance, req, runtime.guides)
+    params = chat_params(req, guide)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
     prompt = await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages,
@@ -64,11 +70,19 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
 
 
-def _one_guide(tools: ToolUse, asked: GuideSpec | None) -> GuideSpec | None:
+async def _off_loop(needed: bool, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread when `needed` (compiling a grammar and its first mask: up to tens of ms),
+    inline otherwise (the request has none, and the answer is immediate)."""
+    return await asyncio.to_thread(fn, *args) if needed else fn(*args)
+
+
+def _chat_guidance(req: ChatRequest, guides: GuideFactory | None) -> tuple[ToolUse, GuideSpec | None]:
+    """The request's tools and its one grammar: a forced tool call's, or the constraint it asked for."""
+    tools, asked = tool_use(req, guides), guide_of(req, guides)
     if tools.guide is not None and asked is not None:
         raise bad_request("a forced tool call (tool_choice) cannot be combined with response_format or guided_*",
                           "tool_choice")
-    return tools.guide or asked
+    return tools, tools.guide or asked
 
 
 def _logged(request: web.Request, fmt: Formatter, job: Job, runtime: Runtime) -> Formatter:

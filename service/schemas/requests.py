@@ -23,13 +23,13 @@ class ContentPart(Struct):
     text: str | None = None
 
 
-class FunctionCall(Struct, forbid_unknown_fields=True):
+class FunctionCall(Struct):  # extra fields ignored: clients send back what they accumulated (vLLM ignores them)
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(Struct, forbid_unknown_fields=True):
-    """An assistant's earlier tool call, in the history."""
+class ToolCall(Struct):
+    """An assistant's earlier tool call, in the history (a streamed call's `index` and the like are ignored)."""
 
     id: str
     function: FunctionCall

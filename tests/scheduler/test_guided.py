@@ -168,3 +168,16 @@ def test_llguidance_tokenizer_spells_tokens_as_the_model_does(files: ModelFiles,
     ids = files.tokenizer.encode('{"name": "Zoë", "n": 12}')
     assert guides.tokenizer.decode_bytes(ids) == b"".join(files.tokenizer.token_bytes[i] for i in ids)
     assert isinstance(guides.tokenizer, llguidance.LLTokenizer)
+
+
+def test_min_tokens_never_bans_the_end_a_grammar_requires(files: ModelFiles, guides: GuideFactory) -> None:
+    """Banning EOS until min_tokens, once a grammar allows only EOS, would leave a row with no token: a
+    guided sequence's end is its grammar's."""
+    llm = make_llm(files, guides)
+    spec = guides.compile("choice", ["yes", "no"], "guided_choice")
+    llm.core.add_request(_request("g", prompt(0), SamplingParams(min_tokens=5, max_tokens=10, guide=spec)))
+    while llm.core.has_work:
+        plan = llm.core.plan()
+        assert plan.batch is not None and plan.batch.sampling is not None
+        assert plan.batch.sampling.suppressed_token_ids is None
+        llm.core.commit(plan, llm.backend.execute(plan.batch), llm.core.clock())

@@ -99,3 +99,37 @@ def test_a_forced_call_on_random_tokens_still_parses(sim_server: LiveServer) -> 
     assert call["function"]["name"] == "set_unit" and call["id"].startswith("call_") and call["type"] == "function"
     assert json.loads(call["function"]["arguments"])["unit"] in ("celsius", "fahrenheit")
     assert choice["message"]["content"] is None
+
+
+def test_a_grammar_that_breaks_mid_answer_is_a_400_not_a_wrong_answer(sim_server: LiveServer) -> None:
+    """Past the matcher's limits (a lexer too big to build), the request fails with its reason; it never
+    comes back as a 'stop' whose text does not match, and it takes no one else down."""
+    reply = chat(sim_server, guided_regex="(a{1000}){1000}", max_tokens=30)
+    assert reply.status == 400, reply.body
+    assert "grammar" in reply.json()["error"]["message"]
+    assert chat(sim_server, guided_regex="[a-z]{3}").status == 200
+    assert sim_server.stats().num_requests == 0
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "maximum": 10**30}, {"const": 10**20}, {"enum": [2**64]}])
+def test_integers_past_64_bits_in_a_schema_are_a_400(sim_server: LiveServer, schema: dict[str, Any]) -> None:
+    reply = chat(sim_server, response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    assert reply.status == 400 and reply.json()["error"]["param"] == "response_format", reply.body
+
+
+def test_tool_parameters_with_defs_are_forced_as_given(sim_server: LiveServer) -> None:
+    """pydantic's nested models: parameters refer to `#/$defs/...`, which must still resolve in the call."""
+    parameters = {"$defs": {"Unit": {"enum": ["c", "f"]}}, "type": "object",
+                  "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "required": ["unit"], "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "set_unit", "parameters": parameters}}
+    reply = chat(sim_server, tools=[tool], tool_choice="required", parallel_tool_calls=False, max_tokens=60)
+    assert reply.status == 200, reply.body
+    (call,) = reply.json()["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) in ({"unit": "c"}, {"unit": "f"})
+
+
+def test_history_tool_calls_may_carry_a_streamed_index(sim_server: LiveServer) -> None:
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    messages = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert post(sim_server.url + CHAT, {"messages": messages, "max_tokens": 3, "tools": [WEATHER]}).status == 200

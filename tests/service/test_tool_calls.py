@@ -162,3 +162,19 @@ def test_without_tools_the_prompt_is_unchanged() -> None:
 def test_the_call_grammar_names_every_function_once(single: bool) -> None:
     grammar = call_grammar(TOOLS * 1, single)
     assert grammar.count("%json") == 1 and ("(_NL block)*" in grammar) is not single
+
+
+def test_a_closing_tag_inside_a_string_is_text() -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": {"s": "x</tool_call>y"}}\n</tool_call>\nafter'
+    content, calls = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in calls] == [("f", '{"s": "x</tool_call>y"}')] and content == "\nafter"
+    for cut in range(len(text)):
+        streamed, parsed = _streamed(text, [cut])
+        assert parsed[0][2] == '{"s": "x</tool_call>y"}' and streamed == "\nafter"
+
+
+def test_space_before_the_call_objects_end_is_never_streamed() -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": {"a": 1} }\n</tool_call>'
+    assert parse_tool_calls(text)[1][0].arguments == '{"a": 1}'
+    for cut in range(len(text)):
+        assert _streamed(text, [cut])[1][0][2] == '{"a": 1}'
