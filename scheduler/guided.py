@@ -82,7 +82,7 @@ class _Wrapped:
 class GuideFactory:
     """llguidance over one tokenizer (built once: about 0.1 s), the compiler of specs and maker of guides."""
 
-    def __init__(self, tokenizer: GuideTokenizer, mask_threads: int = 2) -> None:
+    def __init__(self, tokenizer: GuideTokenizer, mask_threads: int = 1) -> None:
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Wrapped(tokenizer)))
         self.vocab_size = self.tokenizer.vocab_size
         self.limits = parser_limits()

@@ -2,6 +2,7 @@
 `--itl-target-ms`, on the NumPy backend over HTTP and on the sim backend's H100 profile.
 
     python -m bench.experiments.itl_target [--scale 1] [--rounds 2] [--skip-numpy] [--no-doc] [--no-progress]
+                                           [--numpy-targets 0,100 --http-only --out-dir DIR]  (an A/B over HTTP)
 
 NumPy over HTTP: one `pagedserve serve` per target (0 = off: the fixed token budget), all started first; 16 closed-loop
 clients, 256-token random prompts, 128 output tokens; the targets take turns round after round, so a host that
@@ -68,11 +69,11 @@ class Row:
         return self.itl_p99 / self.tpot_p50
 
 
-def numpy_rows(setup: Setup, rounds: int) -> list[Row]:
-    samples: dict[float, list[Measurement]] = {t: [] for t in NUMPY_TARGETS}
+def numpy_rows(setup: Setup, rounds: int, targets: Sequence[float] = NUMPY_TARGETS) -> list[Row]:
+    samples: dict[float, list[Measurement]] = {t: [] for t in targets}
     with ExitStack() as stack:
         servers = {t: stack.enter_context(Server(["--backend", "numpy", "--itl-target-ms", str(t)]))
-                   for t in NUMPY_TARGETS}
+                   for t in targets}
         for r in range(rounds):
             for target, server in servers.items():
                 print(f"round {r + 1}/{rounds}: --itl-target-ms {target:g}", file=sys.stderr, flush=True)
@@ -170,16 +171,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2, help="NumPy rounds (default 2)")
     p.add_argument("--skip-numpy", action="store_true", help="only the sim part")
+    p.add_argument("--numpy-targets", type=lambda v: [float(t) for t in v.split(",")], default=list(NUMPY_TARGETS),
+                   help="the targets swept over HTTP, comma-separated (default 0,50,100,200,400)")
+    p.add_argument("--http-only", action="store_true", help="only the NumPy part over HTTP (an A/B of targets)")
     args = p.parse_args(argv)
     setup = setup_of(args)
     provenance = Provenance(COMMAND)
     parts = {}
     if not args.skip_numpy:
         parts[f"numpy (default model, gguf weights), {NUMPY_CLIENTS} clients, 256/128 tokens, "
-              f"{args.rounds} rounds, over HTTP"] = numpy_rows(setup, args.rounds)
+              f"{args.rounds} rounds, over HTTP"] = numpy_rows(setup, args.rounds, args.numpy_targets)
+    if not args.skip_numpy and not args.http_only:
         parts[f"numpy engine alone (same load, no HTTP), {args.rounds} rounds"] = engine_rows(setup, args.rounds)
-    parts[f"sim {SIM_PROFILE}, {SIM_MODEL} shape, throughput preset, {SIM_LOAD.clients} clients, "
-          f"{SIM_LOAD.prompt_len}/{SIM_LOAD.output_len} tokens (virtual clock)"] = sim_rows(setup)
+    if not args.http_only:
+        parts[f"sim {SIM_PROFILE}, {SIM_MODEL} shape, throughput preset, {SIM_LOAD.clients} clients, "
+              f"{SIM_LOAD.prompt_len}/{SIM_LOAD.output_len} tokens (virtual clock)"] = sim_rows(setup)
     info = provenance.finish()
     save(setup, KEY, {"experiment": KEY, "provenance": info,
                       "parts": {name: [r.__dict__ for r in rows] for name, rows in parts.items()}})
