@@ -114,14 +114,17 @@ class CompletionFormatter:
 
 
 class ChatFormatter:
-    """`tool_calls`: parse tool calls out of the text (tools were offered), per service/tool_calls.py."""
+    """`tool_calls`: parse tool calls out of the text (tools were offered), per service/tool_calls.py, keeping
+    at most `max_calls` (parallel_tool_calls false: 1)."""
 
-    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: bool, tool_calls: bool = False) -> None:
+    def __init__(self, ident: Identity, tokenizer: Tokenizer, logprobs: bool, tool_calls: bool = False,
+                 max_calls: int | None = None) -> None:
         self._ident = ident
         self._tokenizer = tokenizer
         self._logprobs = logprobs
         self._encode = msgspec.json.Encoder().encode
         self._parsers: dict[int, ToolCallParser] | None = {} if tool_calls else None
+        self._max_calls = max_calls
 
     def preamble(self, num_choices: int, usage: Usage | None = None) -> bytes:
         """OpenAI opens each choice with a role-only delta."""
@@ -131,7 +134,8 @@ class ChatFormatter:
 
     def chunk(self, index: int, delta: ChoiceDelta, usage: Usage | None = None) -> bytes:
         if self._parsers is not None:
-            return self._tool_chunk(self._parsers.setdefault(index, ToolCallParser()), index, delta, usage)
+            parser = self._parsers.setdefault(index, ToolCallParser(self._max_calls))
+            return self._tool_chunk(parser, index, delta, usage)
         choice = ChatChunkChoice(index, ChatDelta(content=delta.text or None), self._lp(delta),
                                  delta.finish_reason)
         return sse(self._encode(self._chunk([choice], usage)))
@@ -158,7 +162,7 @@ class ChatFormatter:
     def _choice(self, index: int, delta: ChoiceDelta) -> ChatChoice:
         if self._parsers is None:
             return ChatChoice(index, AssistantMessage("assistant", delta.text), self._lp(delta), delta.finish_reason)
-        content, calls = parse_tool_calls(delta.text)
+        content, calls = parse_tool_calls(delta.text, self._max_calls)
         message = AssistantMessage("assistant", content or (None if calls else ""),
                                    [ToolCallOut(c.id, "function", FunctionCallOut(c.name, c.arguments))
                                     for c in calls] or None)

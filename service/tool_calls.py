@@ -46,6 +46,9 @@ class _Call:
 
 @dataclass
 class ToolCallParser:
+    """`max_calls`: the calls kept (parallel_tool_calls false: 1); later ones are dropped, text and all."""
+
+    max_calls: int | None = None
     calls: list[ParsedCall] = field(default_factory=list)
     _buffer: str = ""  # text not yet emitted outside calls (a partial opening tag)
     _call: _Call | None = None
@@ -98,9 +101,13 @@ class ToolCallParser:
         self._stream_arguments(call, deltas)
         return False
 
+    @property
+    def _full(self) -> bool:
+        return self.max_calls is not None and len(self.calls) >= self.max_calls
+
     def _stream_arguments(self, call: _Call, deltas: list[CallDelta]) -> None:
         head = _HEAD.match(call.text)
-        if head is None:
+        if head is None or self._full:
             return
         if call.name is None:
             call.name = _unescape(head.group(1))
@@ -115,6 +122,8 @@ class ToolCallParser:
     def _close_call(self, text: str, deltas: list[CallDelta]) -> None:
         call, self._call = self._call, None
         assert call is not None
+        if self._full:
+            return
         name, arguments = _name_and_arguments(text)
         if call.name is None:
             call.name = name
@@ -182,9 +191,9 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ParsedCall]]:
+def parse_tool_calls(text: str, max_calls: int | None = None) -> tuple[str, list[ParsedCall]]:
     """The whole text at once: its content (outside calls) and its calls."""
-    parser = ToolCallParser()
+    parser = ToolCallParser(max_calls)
     content, _ = parser.feed(text)
     rest, _ = parser.finish()
     return content + rest, parser.calls

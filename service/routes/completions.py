@@ -66,7 +66,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     prompts = truncated([prompt], keep)
     check_context(prompts, params.max_tokens, max_len, "messages")
     job = make_job(request, "chatcmpl", model, prompts, params, req)
-    fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs), tools.parse), job, runtime)
+    fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs), tools.parse,
+                                         1 if req.parallel_tool_calls is False else None), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
 
 

@@ -69,7 +69,7 @@ async def _chat_ids(request: web.Request, req: TokenizeRequest, runtime: Runtime
     if req.continue_final_message:
         template = _Continued(template.source, template.bos_token, template.eos_token)
     return await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages, template,
-                                              runtime.tokenizer, UNLIMITED, req.add_generation_prompt)
+                                              runtime.tokenizer, UNLIMITED, req.add_generation_prompt, req.tools)
 
 
 class _Continued(ChatTemplate):

@@ -162,6 +162,7 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     continue_final_message: bool = False
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
+    tools: list[Tool] | None = None  # vLLM's: rendered as the chat endpoint renders them, so count matches
 
 
 class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):

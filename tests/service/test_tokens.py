@@ -141,3 +141,13 @@ def test_bad_input(sim_server: LiveServer, name: str, path: str, body: Any, stat
 
 def test_wrong_method_is_405(sim_server: LiveServer) -> None:
     assert request("GET", sim_server.url + "/tokenize").status == 405
+
+
+def test_chat_form_with_tools_counts_the_tools_too(sim_server: LiveServer) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    without = _tokenize(sim_server, {"messages": USER})["count"]
+    out = _tokenize(sim_server, {"messages": USER, "tools": tools})
+    done = post(sim_server.url + "/v1/chat/completions", {"messages": USER, "max_tokens": 1, "tools": tools})
+    assert done.status == 200, done.body
+    assert done.json()["usage"]["prompt_tokens"] == out["count"] > without

@@ -178,3 +178,14 @@ def test_space_before_the_call_objects_end_is_never_streamed() -> None:
     assert parse_tool_calls(text)[1][0].arguments == '{"a": 1}'
     for cut in range(len(text)):
         assert _streamed(text, [cut])[1][0][2] == '{"a": 1}'
+
+
+def test_without_parallel_calls_only_the_first_call_is_kept() -> None:
+    content, calls = parse_tool_calls("Sure. " + TWO, max_calls=1)
+    assert content == "Sure." and [c.name for c in calls] == ["get_weather"]
+    fmt = ChatFormatter(Identity("chatcmpl-1", 0, "m"), None, False, tool_calls=True, max_calls=1)  # type: ignore[arg-type]
+    events = [fmt.chunk(0, ChoiceDelta(0, piece)) for piece in (TWO[:50], TWO[50:120])]
+    events.append(fmt.chunk(0, ChoiceDelta(0, TWO[120:], finish_reason="stop")))
+    deltas = [json.loads(e[len(b"data: "):]) for e in events if e]
+    calls_seen = {c["index"] for d in deltas for c in d["choices"][0]["delta"].get("tool_calls", [])}
+    assert calls_seen == {0} and deltas[-1]["choices"][0]["finish_reason"] == "tool_calls"
