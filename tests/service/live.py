@@ -4,12 +4,14 @@ it with ordinary (synchronous) clients and still reach into the engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from aiohttp import web
+from openai import OpenAI
 
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
@@ -25,6 +27,18 @@ T = TypeVar("T")
 def sim_config(service: ServiceConfig | None = None, profile: str = "zero", **scheduler: Any) -> AppConfig:
     return AppConfig(service or ServiceConfig(port=0), BackendConfig(name="sim", sim_profile=profile),
                      SchedulerConfig(**scheduler), KVPoolConfig(num_blocks=512))
+
+
+@contextlib.contextmanager
+def numpy_client(files: ModelFiles, max_model_len: int, num_blocks: int, timeout: float = 120.0) -> Iterator[OpenAI]:
+    """An official client of a real-model server (numpy backend) on loopback, closed afterwards."""
+    config = AppConfig(ServiceConfig(port=0), BackendConfig(name="numpy"), SchedulerConfig(max_model_len=max_model_len),
+                       KVPoolConfig(num_blocks=num_blocks))
+    server = LiveServer.start(config, cached_builder(files), timeout=120)
+    try:
+        yield OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+    finally:
+        server.close()
 
 
 def cached_builder(files: ModelFiles) -> RuntimeBuilder:

@@ -11,12 +11,8 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
-from kvpool import KVPoolConfig
-from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
-from tests.service.live import LiveServer, cached_builder
+from tests.service.live import numpy_client
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "smollm2_golden.json"
 MODEL = "SmolLM2-135M-Instruct"
@@ -30,11 +26,8 @@ def golden() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def client(model_files: ModelFiles) -> Iterator[OpenAI]:
-    config = AppConfig(ServiceConfig(port=0), BackendConfig(name="numpy"), SchedulerConfig(max_model_len=512),
-                       KVPoolConfig(num_blocks=64))
-    server = LiveServer.start(config, cached_builder(model_files), timeout=120)
-    yield OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    server.close()
+    with numpy_client(model_files, max_model_len=512, num_blocks=64, timeout=120) as c:
+        yield c
 
 
 def prompt_case(golden: dict[str, Any], name: str) -> dict[str, Any]:

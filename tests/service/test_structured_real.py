@@ -13,12 +13,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel
 
-from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
-from kvpool import KVPoolConfig
-from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
-from tests.service.live import LiveServer, cached_builder
+from tests.service.live import numpy_client
 
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.slow
@@ -60,11 +56,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def client(model_files: ModelFiles) -> Iterator[OpenAI]:
-    config = AppConfig(ServiceConfig(port=0), BackendConfig(name="numpy"), SchedulerConfig(max_model_len=1024),
-                       KVPoolConfig(num_blocks=320))
-    server = LiveServer.start(config, cached_builder(model_files), timeout=120)
-    yield OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
-    server.close()
+    with numpy_client(model_files, max_model_len=1024, num_blocks=320, timeout=300) as c:
+        yield c
 
 
 def test_parse_helper_gets_a_pydantic_model(client: OpenAI) -> None:
