@@ -7,7 +7,7 @@ from typing import Any
 
 from scheduler.errors import InvalidRequestError
 from scheduler.guided import GuideFactory, GuideKind, GuideSpec
-from service.errors import bad_request
+from service.errors import bad_request, from_engine
 from service.schemas.requests import CommonRequest, ResponseFormat
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -24,19 +24,18 @@ def guide_of(req: CommonRequest, guides: GuideFactory | None) -> GuideSpec | Non
         names = ", ".join(param for param, _, _ in asked)
         raise bad_request(f"at most one constraint per request, not {names}", asked[1][0])
     param, kind, value = asked[0]
+    value = _json_value(value, param) if param == "guided_json" else value
     if guides is None:
         raise bad_request("constrained decoding is not available on this server", param, "unsupported_parameter")
     try:
         return guides.compile(kind, value, param)
     except InvalidRequestError as exc:
-        raise bad_request(str(exc), exc.param or param) from None
+        raise from_engine(exc) from None
 
 
 def has_constraint(req: CommonRequest) -> bool:
-    """Whether the request asks for any constraint (cheap: no parsing, no compiling)."""
-    fmt = req.response_format
-    return (fmt is not None and fmt.type != "text") or req.guided_json is not None or \
-        any(getattr(req, param) is not None for param, _ in _PLAIN)
+    """Whether the request asks for any constraint (nothing parsed or compiled)."""
+    return bool(_constraints(req))
 
 
 def _constraints(req: CommonRequest) -> list[tuple[str, GuideKind, Any]]:
@@ -44,7 +43,7 @@ def _constraints(req: CommonRequest) -> list[tuple[str, GuideKind, Any]]:
     if req.response_format is not None and req.response_format.type != "text":
         found.append(("response_format", "json_schema", _response_schema(req.response_format)))
     if req.guided_json is not None:
-        found.append(("guided_json", "json_schema", _json_value(req.guided_json, "guided_json")))
+        found.append(("guided_json", "json_schema", req.guided_json))
     for param, kind in _PLAIN:
         value = getattr(req, param)
         if value is not None:

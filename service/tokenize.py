@@ -27,6 +27,10 @@ class PromptEncoder:
         """fn(*args), inline when it handles fewer than INLINE_CHARS characters of text, else on the pool."""
         if chars < INLINE_CHARS:
             return fn(*args)
+        return await self.off_loop(fn, *args)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the pool, whatever its size (compiling a grammar: up to tens of ms)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from scheduler.errors import InvalidRequestError
 from scheduler.guided import JSON_LAYOUT, GuideFactory, GuideSpec
-from service.errors import bad_request
+from service.errors import bad_request, from_engine
 from service.schemas.requests import ChatRequest, NamedToolChoice, Tool
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -93,4 +93,4 @@ def _compile(guides: GuideFactory | None, lark: str) -> GuideSpec:
     try:
         return guides.compile("lark", lark, "tools")
     except InvalidRequestError as exc:
-        raise bad_request(str(exc), "tools") from None
+        raise from_engine(exc) from None

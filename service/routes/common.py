@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import msgspec
 from aiohttp import web
 
 from scheduler.params import SamplingParams
-from service.errors import RETRY_AFTER_S, APIError, bad_request, engine_failed, shutting_down, unavailable
+from service.errors import JSON_CONTENT, RETRY_AFTER_S, APIError, bad_request, engine_failed, shutting_down, unavailable
 from service.formats import Identity
 from service.jobs import Job
 from service.prompts import TokenIds
@@ -19,6 +20,10 @@ from service.traceresponse import remember
 from telemetry import RequestContext, extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request
+
+
+def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON_CONTENT, headers=headers)
 
 
 def runtime_of(request: web.Request) -> Runtime:
@@ -68,16 +73,17 @@ def trace_contexts(request: web.Request, model: str, operation: str, prompts: li
     template included) for the request span. Off, no prompt text is even decoded."""
     base = replace(extract_context(request.headers, model=model, operation=operation),
                    request_id=request_id_of(request))
-    contexts = tuple(_context(request, base, ids) for ids in prompts)
+    runtime, record = runtime_of(request), request.app[CONFIG_KEY].telemetry.record_content
+    contexts = tuple(_context(runtime, record, base, ids) for ids in prompts)
     if contexts:
         remember(request, contexts[0])  # traceresponse names the first prompt's span (one per prompt)
     return contexts
 
 
-def _context(request: web.Request, base: RequestContext, prompt: TokenIds) -> RequestContext:
-    """One prompt's context: its request span's ids reserved now (when traced) for the traceresponse header."""
-    runtime = runtime_of(request)
+def _context(runtime: Runtime, record: bool, base: RequestContext, prompt: TokenIds) -> RequestContext:
+    """One prompt's context: its request span's ids reserved now (when traced) for the traceresponse header,
+    and its text when `record` (record_content) is on."""
     context = runtime.telemetry.reserve(base) if runtime.telemetry is not None else base
-    if not request.app[CONFIG_KEY].telemetry.record_content:
+    if not record:
         return context
     return replace(context, prompt=runtime.tokenizer.decode(prompt, skip_special_tokens=False))

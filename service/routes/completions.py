@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Any, TypeVar
-
 from aiohttp import web
 
 from scheduler.guided import GuideFactory, GuideSpec
@@ -28,17 +24,16 @@ from service.routes.common import check_choices, make_job, runtime_of, served_mo
 from service.schemas.requests import ChatRequest, CompletionRequest
 from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
 from service.tokenize import message_chars, prompt_chars
-from service.tools import ToolUse, tool_use
+from service.tools import NO_TOOLS, ToolUse, tool_use
 from service.transcript import with_transcript
-
-T = TypeVar("T")
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, CompletionRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    params = completion_params(req, await _off_loop(has_constraint(req), guide_of, req, runtime.guides))
+    guide = await request.app[ENCODER_KEY].off_loop(guide_of, req, runtime.guides) if has_constraint(req) else None
+    params = completion_params(req, guide)
     check_choices(num_prompts(req.prompt), params.n)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
@@ -55,7 +50,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     runtime = runtime_of(request)
     req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service)
     model = served_model(request, req.model)
-    tools, guide = await _off_loop(has_constraint(req) or bool(req.tools), _chat_guidance, req, runtime.guides)
+    tools, guide = (await request.app[ENCODER_KEY].off_loop(_chat_guidance, req, runtime.guides)
+                    if has_constraint(req) or req.tools or req.tool_choice is not None else (NO_TOOLS, None))
     params = chat_params(req, guide)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
@@ -69,12 +65,6 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     fmt = _logged(request, ChatFormatter(job.ident, runtime.tokenizer, bool(req.logprobs), tools.parse,
                                          1 if req.parallel_tool_calls is False else None), job, runtime)
     return await run_job(request, runtime.engine, job, fmt, request.app[STATE_KEY].streams)
-
-
-async def _off_loop(needed: bool, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args) in a worker thread when `needed` (compiling a grammar and its first mask: up to tens of ms),
-    inline otherwise (the request has none, and the answer is immediate)."""
-    return await asyncio.to_thread(fn, *args) if needed else fn(*args)
 
 
 def _chat_guidance(req: ChatRequest, guides: GuideFactory | None) -> tuple[ToolUse, GuideSpec | None]:

@@ -10,18 +10,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.config import AppConfig
 from service.errors import JSON_CONTENT, RETRY_AFTER_S
 from service.openapi import openapi_document
-from service.routes.common import served_model
+from service.routes.common import json_response, served_model
 from service.schemas.responses import Health, ModelCard, ModelList
 from service.state import REGISTRY_KEY, STATE_KEY, Phase
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return _json(ModelList("list", [_card(request)]))
+    return json_response(ModelList("list", [_card(request)]))
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
     served_model(request, request.match_info["model"])  # 404 for any other name
-    return _json(_card(request))
+    return json_response(_card(request))
 
 
 def _card(request: web.Request) -> ModelCard:
@@ -34,8 +34,8 @@ async def health(request: web.Request) -> web.Response:
     """200 only when serving: load balancers stop routing here while loading, draining or failed."""
     phase = request.app[STATE_KEY].phase
     if phase is Phase.READY:
-        return _json(Health(phase.value))
-    return _json(Health(phase.value), 503, {"Retry-After": str(RETRY_AFTER_S)})
+        return json_response(Health(phase.value))
+    return json_response(Health(phase.value), 503, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -52,6 +52,3 @@ def openapi(config: AppConfig) -> Handler:
 
     return document
 
-
-def _json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON_CONTENT, headers=headers)

@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from service.body import read_json
-from service.errors import JSON_CONTENT, bad_request
+from service.errors import bad_request
 from service.prompts import TokenIds, chat_prompt
-from service.routes.common import runtime_of, served_model
+from service.routes.common import json_response, runtime_of, served_model
 from service.schemas.requests import DetokenizeRequest, TokenizeRequest
 from service.schemas.responses import DetokenizeResponse, TokenizeResponse
 from service.state import CONFIG_KEY, ENCODER_KEY, Runtime
@@ -31,7 +30,7 @@ async def tokenize(request: web.Request) -> web.Response:
     served_model(request, req.model)
     ids = await (_prompt_ids if req.prompt is not None else _chat_ids)(request, req, runtime)
     strs = [runtime.tokenizer.fast.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
-    return _json(TokenizeResponse(len(ids), runtime.engine.max_model_len, list(ids), strs))
+    return json_response(TokenizeResponse(len(ids), runtime.engine.max_model_len, list(ids), strs))
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -42,7 +41,7 @@ async def detokenize(request: web.Request) -> web.Response:
     bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
     if bad is not None:
         raise bad_request(f"token id {bad} is out of range (vocabulary size {vocab})", "tokens")
-    return _json(DetokenizeResponse(runtime.tokenizer.decode(req.tokens, skip_special_tokens=False)))
+    return json_response(DetokenizeResponse(runtime.tokenizer.decode(req.tokens, skip_special_tokens=False)))
 
 
 async def _prompt_ids(request: web.Request, req: TokenizeRequest, runtime: Runtime) -> TokenIds:
@@ -87,6 +86,3 @@ class _Continued(ChatTemplate):
         raise ChatTemplateError("continue_final_message: the final message's content is not in the rendered "
                                 "conversation (is it empty?)")
 
-
-def _json(body: msgspec.Struct) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), content_type=JSON_CONTENT)
