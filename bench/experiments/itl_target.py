@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import BackendConfig
 from backends.model.loader import open_model
@@ -36,6 +37,7 @@ from bench.experiments.doc import table
 from bench.experiments.server import Server
 from bench.loadgen.measure import Measurement, Options, measure
 from bench.loadgen.plot import pyplot
+from bench.loadgen.probes import MetricsSnapshots
 from bench.loadgen.progress import LineProgress, NoProgress
 from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
@@ -43,6 +45,7 @@ from scheduler.config import SchedulerConfig
 from service.config import PRESETS
 
 KEY = "itl-target"
+STEP_HISTOGRAM = "pagedserve:engine_step_duration_seconds"
 COMMAND = "python -m bench.experiments.itl_target"
 NUMPY_TARGETS = (0.0, 50.0, 100.0, 200.0, 400.0)
 SIM_TARGETS = (0.0, 25.0, 50.0, 100.0, 200.0)
@@ -63,6 +66,8 @@ class Row:
     ttft_p99: float
     throughput: float
     requests: int
+    steps: int = 0  # engine steps the server counted over the measured requests (HTTP rows only; 0: not read)
+    step_seconds: float = 0.0  # and their summed time
 
     @property
     def stall_ratio(self) -> float:
@@ -70,7 +75,7 @@ class Row:
 
 
 def numpy_rows(setup: Setup, rounds: int, targets: Sequence[float] = NUMPY_TARGETS) -> list[Row]:
-    samples: dict[float, list[Measurement]] = {t: [] for t in targets}
+    samples: dict[float, list[tuple[Measurement, StepUse]]] = {t: [] for t in targets}
     with ExitStack() as stack:
         servers = {t: stack.enter_context(Server(["--backend", "numpy", "--itl-target-ms", str(t)]))
                    for t in targets}
@@ -81,21 +86,42 @@ def numpy_rows(setup: Setup, rounds: int, targets: Sequence[float] = NUMPY_TARGE
     return [_pooled(target, ms) for target, ms in samples.items()]
 
 
-async def _measure(url: str, setup: Setup, warmup: int) -> Measurement:
+@dataclass(frozen=True)
+class StepUse:
+    """The engine steps the server's /metrics counted over one measurement."""
+
+    steps: int
+    seconds: float
+
+
+async def _measure(url: str, setup: Setup, warmup: int) -> tuple[Measurement, StepUse]:
     options = Options(progress=LineProgress() if setup.progress else NoProgress())
     bounds = Bounds(setup.count(NUMPY_REQUESTS), None, warmup=warmup)
-    return await measure(Target(url), NUMPY_WORKLOAD, LoadShape(concurrency=NUMPY_CLIENTS), bounds, options)
+    snapshots = MetricsSnapshots(url)
+    run = await measure(Target(url), NUMPY_WORKLOAD, LoadShape(concurrency=NUMPY_CLIENTS), bounds, options,
+                        probes=[snapshots])
+    (count, total), (count0, total0) = _step_totals(snapshots.after), _step_totals(snapshots.before)
+    return run, StepUse(int(count - count0), total - total0)
 
 
-def _pooled(target: float, measurements: Sequence[Measurement]) -> Row:
+def _step_totals(text: str) -> tuple[float, float]:
+    """(count, sum) of the server's step-duration histogram in a /metrics text ((0, 0) when absent)."""
+    found = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+             if s.name.startswith(STEP_HISTOGRAM)}
+    return found.get(STEP_HISTOGRAM + "_count", 0.0), found.get(STEP_HISTOGRAM + "_sum", 0.0)
+
+
+def _pooled(target: float, runs: Sequence[tuple[Measurement, StepUse]]) -> Row:
     """Percentiles over every round's requests; throughput from the rounds' tokens over their time."""
+    measurements = [m for m, _ in runs]
     ok = [m for run in measurements for m in run.requests]
     itl = [gap for m in ok for gap in m.itls]
     tokens = sum(run.summary.output_tokens for run in measurements)
     seconds = sum(run.summary.duration_s for run in measurements)
     return Row(target, 1e3 * float(np.percentile(itl, 99)),
                1e3 * float(np.percentile([m.tpot for m in ok if m.tpot is not None], 50)),
-               1e3 * float(np.percentile([m.ttft for m in ok if m.ttft is not None], 99)), tokens / seconds, len(ok))
+               1e3 * float(np.percentile([m.ttft for m in ok if m.ttft is not None], 99)), tokens / seconds, len(ok),
+               sum(u.steps for _, u in runs), sum(u.seconds for _, u in runs))
 
 
 def engine_rows(setup: Setup, rounds: int) -> list[Row]:
@@ -157,13 +183,15 @@ def report(parts: dict[str, list[Row]], info: dict[str, object]) -> str:
     blocks = [f"### The ITL target: stalls against TTFT and throughput\n\nCommand: `{COMMAND}`. "
               f"{Provenance.line(info)} Plot: `docs/results/{KEY}.png`."]
     for name, rows in parts.items():
-        base = rows[0]
+        base, show_steps = rows[0], all(r.steps for r in rows)
         body = [[("off" if r.target_ms == 0 else f"{r.target_ms:g}"), f"{r.itl_p99:.1f}", f"{r.tpot_p50:.1f}",
                  f"{r.stall_ratio:.2f}", f"{r.ttft_p99:.0f}", f"{r.ttft_p99 / base.ttft_p99:.2f}",
-                 f"{r.throughput:.1f}", f"{r.throughput / base.throughput:.2f}", str(r.requests)] for r in rows]
+                 f"{r.throughput:.1f}", f"{r.throughput / base.throughput:.2f}", str(r.requests)]
+                + ([str(r.steps), f"{r.step_seconds:.1f}"] if show_steps else []) for r in rows]
+        steps = ["engine steps", "step time s"] if show_steps else []
         blocks.append(f"**{name}**\n\n" + table(
             ["target ms", "ITL p99 ms", "TPOT p50 ms", "ITL p99 / TPOT p50", "TTFT p99 ms", "x off",
-             "output tok/s", "x off", "requests"], body))
+             "output tok/s", "x off", "requests", *steps], body))
     return "\n\n".join(blocks)
 
 
