@@ -15,6 +15,7 @@ thread's own time per step. Target: under 10 % of TPOT at batch 16.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import numpy as np
 
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.sampling import apply_allowed
 from bench.stats import pct
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
@@ -91,6 +93,35 @@ def mask_seconds(guides: GuideFactory, spec: GuideSpec, batch: int, steps: int =
     return (time.perf_counter() - start) / steps
 
 
+def sample_answer() -> dict[str, object]:
+    """An answer the schema accepts."""
+    values = {"string": "x", "integer": 1, "number": 1.5, "boolean": True}
+    return {field: values[kind] for field, kind in zip(FIELDS, TYPES, strict=True)}
+
+
+def part_seconds(guides: GuideFactory, spec: GuideSpec, batch: int, vocab: int, tokens: list[int],
+                 steps: int = 50) -> dict[str, float]:
+    """The grammar's own work per step, each part alone (medians, seconds): starting the masks, masking a
+    batch's logits with them, and the guides following one token each (along `tokens`, a valid answer)."""
+    logits = np.random.default_rng(0).normal(size=(batch, vocab)).astype(np.float32)
+    positions = np.arange(batch, dtype=np.int32)
+    times: dict[str, list[float]] = {"start masks": [], "mask logits": [], "follow tokens": []}
+    gs = [guides.guide(spec) for _ in range(batch)]
+    for step in range(min(steps, len(tokens))):
+        start = time.perf_counter()
+        pending = guides.masks(gs, positions)
+        times["start masks"].append(time.perf_counter() - start)
+        pending.wait()
+        start = time.perf_counter()
+        apply_allowed(np, logits, pending)
+        times["mask logits"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for guide in gs:
+            guide.consume(tokens[step])
+        times["follow tokens"].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
@@ -116,6 +147,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"median overhead over {args.repeats} repeats: {statistics.median(overheads) * 100:+.1f} % of TPOT "
           f"(target under 10 %)")
     print(f"mask thread alone, {args.batch} guides: {mask_seconds(guides, spec, args.batch) * 1e3:.2f} ms per step")
+    answer = model.files.tokenizer.encode(json.dumps(sample_answer(), separators=(", ", ": ")))
+    parts = part_seconds(guides, spec, args.batch, model.files.config.vocab_size, answer)
+    print("the grammar's own work per step: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in parts.items()))
     guides.close()
 
 
