@@ -29,10 +29,12 @@ def answered(up: Stack) -> list[int]:
 
 def host_set_events(envoy: Envoy) -> int:
     """Changes to the affinity cluster's healthy hosts so far (a probe timing out on a loaded machine, an
-    ejection): each one rightly moves some sessions, so a session is judged only across a stable host set."""
+    ejection), and retries (a connection refused or reset before the request reached its replica: the retry
+    rightly goes to another host): each one rightly moves a turn, so a session is judged only without them."""
     cluster = "cluster.pagedserve_by_session."
     return sum(envoy.stat(cluster + name) for name in
-               ("membership_change", "health_check.failure", "outlier_detection.ejections_enforced_total"))
+               ("membership_change", "health_check.failure", "outlier_detection.ejections_enforced_total",
+                "upstream_rq_retry"))
 
 
 def session_owner(up: Stack, session: int) -> tuple[list[int], bool]:
