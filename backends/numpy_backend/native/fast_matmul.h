@@ -234,9 +234,10 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
     f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
-    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
+    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: x in nibble order
+     * and strips */
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
-    const int64_t strips = quant_buffer_floats(kmax);
+    const int64_t strips = quant_buffer_floats(m, kmax);
     f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
     if (f->tiles) f->xv = aligned_alloc(64, sizeof(uint16_t) * (size_t)(f->m_padded * f->kp));

@@ -18,9 +18,11 @@
 #include "matmul.h"
 #include "quant.h"
 #include "quant_wide.h"
-
-_Static_assert(STRIP * GROUP % TILE == 0, "a group of strips is whole tiles (the buffer-less fallback)");
-
+#if QUANT_WIDE
+#include "q4_nibbles.h"
+#else
+static inline int nibble_ordered(int32_t type) { return (void)type, 0; }
+#endif
 
 /* Tile t (weight rows t * TILE ..) for `pair` (1 or 2) rows of x; `type` a constant (DISPATCH_TYPE). */
 static inline __attribute__((always_inline)) void tile_pair_t(const float *x, const Weights *w, float *y,
@@ -64,6 +66,10 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
 static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
                            int add) {
 #if QUANT_WIDE
+    if (nibble_ordered(w->type)) {
+        project_tile_nibbles(x, w, y, m, k, n, t, add);
+        return;
+    }
     if (quant_wide_for(w->type, k)) {
         project_tile_wide(x, w, y, m, k, n, t, add);
         return;
@@ -99,14 +105,31 @@ static float row_dot_q(const vec8 *x, const uint8_t *row, int32_t type, int64_t 
     return dot;
 }
 
+/* One weight row against one row of x (in nibble order for the Q4 types where QUANT_WIDE), by the path the
+ * build sums with. */
+static float row_dot_any(const float *x, const uint8_t *row, int32_t type, int64_t k) {
+#if QUANT_WIDE
+    if (nibble_ordered(type)) return row_dot_nibbles(x, row, type == WEIGHTS_Q4_1, k);
+    if (quant_wide_for(type, k)) return row_dot_wide(x, row, type, k);
+#endif
+    return row_dot_q((const vec8 *)x, row, type, k);
+}
+
 /* Strips first .. first + count - 1 for every row of x, dequantized into buf first (count * STRIP * k floats). */
 static void project_strips_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                              int64_t first, int64_t count, int add, float *buf) {
     const int64_t next = (first + count) * STRIP, ahead_rows = n - next < count * STRIP ? n - next : count * STRIP;
     Ahead ahead = ahead_bytes(weights_row(w, next < n ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
                               (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count);
-    for (int64_t r = 0; r < count * STRIP; r++)
+    for (int64_t r = 0; r < count * STRIP; r++) {
+#if QUANT_WIDE
+        if (nibble_ordered(w->type)) {
+            dequantize_row_nibbles(weights_row(w, first * STRIP + r), w->type == WEIGHTS_Q4_1, k, buf + r * k);
+            continue;
+        }
+#endif
         dequantize_row(weights_row(w, first * STRIP + r), w->type, k, buf + r * k);
+    }
 #if QUANT_WIDE
     if (quant_wide_for(w->type, k)) {
         pass_strips_wide(x, buf, y, m, k, n, first, count, add, &ahead);
@@ -125,41 +148,43 @@ static void project_rest_q(const float *x, const Weights *w, float *y, int64_t m
     }
     for (int64_t r = first; r < n; r++)
         for (int64_t i = 0; i < m; i++) {
-#if QUANT_WIDE
-            const float dot = quant_wide_for(w->type, k) ? row_dot_wide(x + i * k, weights_row(w, r), w->type, k)
-                                                         : row_dot_q((const vec8 *)(x + i * k), weights_row(w, r), w->type, k);
-#else
-            const float dot = row_dot_q((const vec8 *)(x + i * k), weights_row(w, r), w->type, k);
-#endif
+            const float dot = row_dot_any(x + i * k, weights_row(w, r), w->type, k);
             y[i * n + r] = add ? y[i * n + r] + dot : dot;
         }
 }
 
-/* Floats of the buffer project_weights needs from each thread for inputs k wide (a group of strips). */
-static inline int64_t quant_buffer_floats(int64_t k) { return k * STRIP * GROUP; }
+/* Floats of the buffer project_weights needs from each thread for m rows of inputs k wide: a group of strips,
+ * and x in nibble order. */
+static inline int64_t quant_buffer_floats(int64_t m, int64_t k) { return k * STRIP * GROUP + m * k; }
 
 /* y (m, n) = x (m, k) @ w.T (y += with `add`), w of any type quant.h reads; weights_supported(type, k) must
- * hold. Shared among the threads of the enclosing OpenMP region, as project_rows. From MIN_BLOCKED_ROWS rows
- * each thread dequantizes its groups of strips into `buf` (quant_buffer_floats(k) floats of its own,
- * allocated once by the caller: a buffer malloc'ed per call was mmap'ed and unmapped every time, and the
- * unmapping stalled both threads); with buf NULL it works tile by tile: the same results, more slowly. */
+ * hold. Shared among the threads of the enclosing OpenMP region, as project_rows. `buf`: quant_buffer_floats(m,
+ * k) floats of the calling thread's own, allocated once by the caller (a buffer malloc'ed per call was mmap'ed
+ * and unmapped every time, and the unmapping stalled both threads): x in nibble order for the Q4 types (each
+ * thread makes its own copy: no barrier), then, from MIN_BLOCKED_ROWS rows, the thread's group of strips. */
 static inline void project_weights(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                                    int add, float *buf) {
     if (w->type == WEIGHTS_F32) {
         project_rows(x, (const float *)w->data, y, m, k, n, add);
         return;
     }
+#if QUANT_WIDE
+    if (nibble_ordered(w->type)) {
+        permute_nibble_rows(x, m, k, buf);
+        x = buf;
+    }
+#endif
+    float *strips = buf + m * k;
     const int blocked = m >= MIN_BLOCKED_ROWS; /* the same on every thread: the loop's bounds must be */
     const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
-    if (!blocked) buf = NULL;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t <= parts; t++) {
         if (t == parts)
-            project_rest_q(x, w, y, m, k, n, parts * width, add, buf);
-        else if (buf != NULL)
-            project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, buf);
-        else /* a tile, or a group's tiles when the caller gave no buffer */
-            for (int64_t u = t * width / TILE; u < (t + 1) * width / TILE; u++) project_tile_q(x, w, y, m, k, n, u, add);
+            project_rest_q(x, w, y, m, k, n, parts * width, add, blocked ? strips : NULL);
+        else if (blocked)
+            project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, strips);
+        else
+            project_tile_q(x, w, y, m, k, n, t, add);
     }
 }
 
