@@ -118,9 +118,11 @@ static float row_dot_any(const float *x, const uint8_t *row, int32_t type, int64
 /* Strips first .. first + count - 1 for every row of x, dequantized into buf first (count * STRIP * k floats). */
 static void project_strips_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                              int64_t first, int64_t count, int add, float *buf) {
+    const int wide = quant_wide_for(w->type, k);
     const int64_t next = (first + count) * STRIP, ahead_rows = n - next < count * STRIP ? n - next : count * STRIP;
+    const int64_t blocks = wide ? wide_blocks(m, count * STRIP) : (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count;
     Ahead ahead = ahead_bytes(weights_row(w, next < n ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
-                              (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count);
+                              blocks);
     for (int64_t r = 0; r < count * STRIP; r++) {
 #if QUANT_WIDE
         if (nibble_ordered(w->type)) {
@@ -131,8 +133,8 @@ static void project_strips_q(const float *x, const Weights *w, float *y, int64_t
         dequantize_row(weights_row(w, first * STRIP + r), w->type, k, buf + r * k);
     }
 #if QUANT_WIDE
-    if (quant_wide_for(w->type, k)) {
-        pass_strips_wide(x, buf, y, m, k, n, first, count, add, &ahead);
+    if (wide) {
+        pass_strips_wide(x, buf, y, m, k, n, first * STRIP, count * STRIP, add, &ahead);
         return;
     }
 #endif
