@@ -62,13 +62,15 @@ class LlamaForward:
         """The step in one C call, a row per token: a chunk's tokens take their sequence's block table and
         attend up to their own positions."""
         assert self.fused_step is not None
-        tables, lengths = batch.block_tables, batch.context_lens
+        tables, lengths, seq_first = batch.block_tables, batch.context_lens, None
         if not step.layout.all_decode:
-            seq_of_token = np.repeat(np.arange(len(tables)), np.diff(batch.query_start))
+            counts = np.diff(batch.query_start)
+            seq_of_token = np.repeat(np.arange(len(tables)), counts)
             tables, lengths = tables[seq_of_token], batch.positions + 1
+            seq_first = np.repeat(batch.query_start[:-1], counts)
         half = self.config.head_dim // 2
         self.fused_step.run(x, cache, step.cos.reshape(-1, half), step.sin.reshape(-1, half), batch.slot_mapping,
-                            tables, lengths)
+                            tables, lengths, seq_first)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""

@@ -15,8 +15,8 @@ from backends.base import StepBatch
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.fused_step import NativeFusedStep
-from backends.numpy_backend.native.matmul import NativeMatmul
+from backends.numpy_backend.native.fused_step import STORED_MAX_ROWS, NativeFusedStep
+from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
 
@@ -229,7 +229,7 @@ def stored_model() -> LoadedModel:
 
 
 @pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), ([9, 16, 100, 255, 33, 1, 17], [1] * 7),
-                                                  ([40, 17, 0, 100], [1, 7, 20, 1]), ([0, 3], [70, 1])],
+                                                  ([40, 17, 0, 100], [1, 7, 20, 1]), ([0, 3], [520, 1])],
                          ids=["prompt", "seven decodes", "mixed", "per-layer path"])
 def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, stored_model: LoadedModel,
                                                          prefixes: list[int], chunks: list[int]) -> None:
@@ -248,3 +248,15 @@ def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, sto
     check(stored.compute_logits(batch), pair.fused.compute_logits(batch))
     for mine, theirs in zip(stored.cache.keys, pair.fused.cache.keys, strict=True):
         check(mine, theirs)
+
+
+def test_stored_weights_take_prompts_of_up_to_512_tokens(model: LoadedModel, stored_model: LoadedModel,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every layer matrix as stored: a 300-token prompt and a decode in one fused call, the prompt's rows attending
+    together (the chunk kernel), as the NumPy reference computes them; float32 matrices keep BLAS past 64 rows."""
+    assert NumpyBackend(model, "native").forward.fused_step.max_rows == MAX_ROWS  # type: ignore[union-attr]
+    pair = Pair(stored_model, 512, 16)
+    assert pair.fused.forward.fused_step.max_rows == STORED_MAX_ROWS  # type: ignore[union-attr]
+    calls = pair.fused_calls(monkeypatch)
+    assert_same_step(pair, pair.step_batch([0, 40, 7], [300, 1, 12]))
+    assert calls == [313]

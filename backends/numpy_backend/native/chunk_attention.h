@@ -29,6 +29,7 @@ typedef struct {
     int64_t n, context, heads, kv_heads, head_dim, group;
     int64_t padded; /* context rounded up to 8: the key and value buffers' rows, zero past context */
     float scale;
+    int64_t q_stride; /* floats from one token's queries to the next's (heads * head_dim when packed) */
 } ChunkShape;
 
 static int64_t round_up8(int64_t x) { return (x + LANES - 1) / LANES * LANES; }
@@ -104,7 +105,7 @@ static int64_t load_tile_queries(const ChunkShape *c, const float *q, int64_t kv
     const int64_t tokens = c->n - first < CHUNK_TILE ? c->n - first : CHUNK_TILE;
     for (int64_t i = 0; i < tokens; i++)
         for (int64_t g = 0; g < c->group; g++) {
-            const float *src = q + ((first + i) * c->heads + kv_head * c->group + g) * c->head_dim;
+            const float *src = q + (first + i) * c->q_stride + (kv_head * c->group + g) * c->head_dim;
             for (int64_t j = 0; j < c->head_dim; j++) w->q[(i * c->group + g) * c->head_dim + j] = src[j] * c->scale;
         }
     return tokens * c->group;

@@ -17,8 +17,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "attention.h"
 #include "fast_matmul.h"
+#include "step_attention.h"
 #include "threads.h"
 
 #ifdef _OPENMP
@@ -51,11 +51,14 @@ typedef struct { /* the step's rows: one per token */
     const int64_t *slots;    /* (rows,) flat KV slot of the token, each distinct; negative: padding */
     const int32_t *block_tables, *context_lens; /* (rows, table_stride): its sequence's table; (rows,): the
                                                    tokens it attends to, itself included (position + 1) */
+    const int32_t *seq_first; /* (rows,) the first row of its sequence in the step; NULL: every row its own */
 } StepRows;
 
-typedef struct { /* activations, (rows, width) each; and the attention's shared row counter */
+typedef struct { /* activations, (rows, width) each; the attention's shared row counter, rows and buffers */
     float *x, *normed, *qkv, *attn, *gate_up, *act;
     int64_t next_row;
+    RowGroups groups;
+    ChunkWork chunks;
 } Activations;
 
 /* Adds the time since the last mark to seconds[part]; only thread 0 keeps time (after a stage's barrier, so
@@ -109,18 +112,18 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
     }
 }
 
-/* Each row's attention over its sequence's paged context; rows claimed one by one (lengths differ). */
+static DecodeShape attention_shape(const ModelShape *m, const StepRows *s) {
+    return (DecodeShape){m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
+                         1.0f / sqrtf((float)m->head_dim), 0, 0};
+}
+
+/* Each row's attention over its sequence's paged context (step_attention.h). */
 static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
                         Scratch *scratch) {
-    const DecodeShape shape = {m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
-                               1.0f / sqrtf((float)m->head_dim), 0, 0};
-    const int64_t q_size = m->heads * m->head_dim, width = q_size + 2 * m->kv_heads * m->head_dim;
-#pragma omp single
-    a->next_row = 0; /* the single's barrier publishes it before any thread claims a row */
-    const int64_t split = attention_split(s->rows, MAX_THREADS, m->kv_heads);
-    attend_claimed(&shape, a->qkv, width, layer->keys, layer->values, s->block_tables, s->context_lens, a->attn,
-                   q_size, s->rows, split, &a->next_row, scratch);
-#pragma omp barrier
+    const DecodeShape shape = attention_shape(m, s);
+    const int64_t width = (m->heads + 2 * m->kv_heads) * m->head_dim;
+    attend_step(&shape, layer->keys, layer->values, s->block_tables, s->context_lens, a->qkv, width, a->attn,
+                &a->groups, &a->chunks, scratch, &a->next_row);
 }
 
 /* SwiGLU: act = silu(gate) * up, with gate and up the two halves of each gate_up row. The sigmoid takes exp
@@ -220,7 +223,8 @@ static int64_t widest_input(const ModelShape *m) {
 }
 
 /* x: (rows, hidden), the rows' token embeddings in, their final hidden states (before the final norm) out;
- * the new K and V of every layer are written to their slots. `fast`: the projections in the fast precision
+ * the new K and V of every layer are written to their slots; the rows of one sequence's chunk (seq_first) attend
+ * together. `fast`: the projections in the fast precision
  * (fast_matmul.h), else exact. seconds[TIME_PARTS] gets the time spent in the projections, the attention and
  * the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported shape; -3 a context length outside
  * 1..table_stride * block_size; -5 a slot or block outside the cache. */
@@ -237,7 +241,10 @@ int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows 
     const int threads = MAX_THREADS;
     ProjectionWork work;
     const int have_work = projection_work_alloc(&work, s->rows, widest_input(m), threads, fast);
-    Scratch *scratch = buffers && have_work ? alloc_scratch(m, max_ctx, threads) : NULL;
+    const int have_groups = have_work && group_rows(s->seq_first, s->context_lens, s->rows, &a.groups);
+    const DecodeShape shape = attention_shape(m, s);
+    const int have_chunks = have_groups && chunk_work_alloc(&a.chunks, &shape, a.groups.chunk_context, threads);
+    Scratch *scratch = buffers && have_chunks ? alloc_scratch(m, max_ctx, threads) : NULL;
     StageClock clock = {seconds, NOW()};
     if (scratch != NULL) {
 #pragma omp parallel num_threads(threads)
@@ -245,6 +252,8 @@ int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows 
             decoder_layer(m, &layers[l], s, &a, &scratch[THREAD_ID], &clock, &work);
         for (int t = 0; t < threads; t++) scratch_free(&scratch[t]);
     }
+    chunk_work_free(&a.chunks);
+    row_groups_free(&a.groups);
     projection_work_free(&work);
     free(scratch);
     free(buffers);

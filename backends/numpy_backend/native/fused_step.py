@@ -1,8 +1,8 @@
 """ctypes binding of fused_step.c: a whole small step (every layer) in one C call.
 
-Used for steps with few enough tokens for the C projection kernel: decode tokens and short prefill chunks,
-each token a row that attends to its sequence's cache up to its own position. Larger steps (long prefills,
-big batches) run the per-layer path in model.py."""
+Used for steps of up to `max_rows` tokens: decode tokens and prefill chunks, each token a row that attends to
+its sequence's cache up to its own position (a chunk's rows together). Larger steps run the per-layer path in
+model.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.model.config import ModelConfig
+from backends.model.quant import QuantMatrix
 from backends.model.weights import ModelWeights
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.native.arrays import c_array, is_c_array
@@ -25,6 +26,10 @@ _ERRORS = {-1: "out of memory", -2: "unsupported model shape", -3: "context leng
            -5: "KV slot or block outside the cache"}
 STAGES = ("projections", "attention", "other")  # fused_step.c's TIME_* order
 _NORMS = ("attn_norm", "ffn_norm")
+# With every layer matrix kept as stored, steps of up to this many tokens run fused: its exact kernels prefill
+# 512 tokens faster than the per-layer path, which writes a float32 copy of each matrix for BLAS first
+# (docs/PERFORMANCE.md). With float32 matrices BLAS needs no copy, and steps past MAX_ROWS go to it.
+STORED_MAX_ROWS = 512
 _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 
@@ -40,20 +45,23 @@ class _LayerRefs(ctypes.Structure):
 
 class _StepRows(ctypes.Structure):
     _fields_ = [("rows", _I64), ("table_stride", _I64)] + [
-        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens")]
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens", "seq_first")]
 
 
 class NativeFusedStep:
     """`run(x, cache, ...)`: every layer of a small step on x (tokens, hidden) in place, writing the KV cache."""
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int = MAX_ROWS,
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int | None = None,
                  cache_dir: Path | None = None, fast: bool = False) -> None:
-        """fast: the projections in the fast precision (fast_matmul.h), else exact."""
+        """fast: the projections in the fast precision (fast_matmul.h), else exact. max_rows: the most tokens a
+        step may have (None: STORED_MAX_ROWS when every layer matrix is kept as stored, else MAX_ROWS)."""
         self.library_path = build_library(SOURCE_DIR / "fused_step.c", cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).fused_step_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P, ctypes.c_int]
-        self.config, self.weights, self.max_rows, self.fast = config, weights, max_rows, fast
+        stored = all(isinstance(getattr(layer, name), QuantMatrix) for layer in weights.layers for name in _MATRICES)
+        self.max_rows = max_rows if max_rows is not None else STORED_MAX_ROWS if stored else MAX_ROWS
+        self.config, self.weights, self.fast = config, weights, fast
         self.last_seconds = np.zeros(len(STAGES))  # the last step's time by stage (STAGES), filled by C
         # the cache arrays the pointers were taken from (kept alive), the shape and the pointers
         self._bound: tuple[tuple[np.ndarray, ...], _ModelShape, ctypes.Array[_LayerRefs]] | None = None
@@ -70,10 +78,11 @@ class NativeFusedStep:
         return 0 < rows <= self.max_rows
 
     def run(self, x: np.ndarray, cache: PagedKVCache, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
-            block_tables: np.ndarray, context_lens: np.ndarray) -> None:
+            block_tables: np.ndarray, context_lens: np.ndarray, seq_first: np.ndarray | None = None) -> None:
         """x (rows, hidden) float32: token embeddings in, final hidden states out. Per row (token): cos, sin
-        (rows, head_dim/2) the angles of its position, its KV slot, its sequence's block table, and how many
-        tokens it attends to (its position + 1)."""
+        (rows, head_dim/2) the angles of its position, its KV slot, its sequence's block table, how many
+        tokens it attends to (its position + 1), and the first row of its sequence (None: each row its own),
+        so that a chunk's rows, consecutive positions of one sequence, attend together."""
         _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
                  and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
         shape, layers = self._bind(cache)
@@ -83,7 +92,11 @@ class NativeFusedStep:
         _require(keep[0].shape == angles == keep[1].shape and keep[2].shape == (len(x),) == keep[4].shape
                  and keep[3].ndim == 2 and len(keep[3]) == len(x),
                  "one row each of cos and sin (head_dim / 2 wide), slots, tables and lengths")
-        rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep))
+        if seq_first is not None:
+            keep.append(c_array(seq_first, np.int32))
+            _require(keep[5].shape == (len(x),), "one sequence start per row")
+        rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep[:5]),
+                         keep[5].ctypes.data if seq_first is not None else None)
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data,
                           self.last_seconds.ctypes.data, int(self.fast))
         if status != 0:

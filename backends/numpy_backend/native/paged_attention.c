@@ -34,7 +34,7 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
         }
         if (ok)
             attend_claimed(&s, q, heads * head_dim, k_layer, v_layer, block_tables, context_lens, out,
-                           heads * head_dim, batch, 1, &next_row, &w);
+                           heads * head_dim, batch, NULL, 1, &next_row, &w);
         scratch_free(&w);
     }
     return status;
@@ -52,7 +52,8 @@ int chunk_attention_f32(const float *q, const float *k_layer, const float *v_lay
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
     if (!table_in_cache(table, context, block_size, num_blocks)) return -5;
-    const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale};
+    const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale,
+                          heads * head_dim};
     float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));
     if (keys == NULL) return -1;
     float *values = keys + kv_heads * c.padded * head_dim;
