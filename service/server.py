@@ -44,6 +44,7 @@ from service.config_cmd import ConfigCommand, config_from, setup_logging
 from service.cors import cors_headers, cors_middleware
 from service.metrics import create_registry
 from service.middleware import auth_middleware, counting_middleware, error_middleware, screening_middleware
+from service.own_thread import run_in_own_thread
 from service.protocol import make_runner
 from service.request_id import add_header, request_id_middleware
 from service.routes.completions import create_chat_completion, create_completion
@@ -184,7 +185,8 @@ async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> R
     """The default RuntimeBuilder: load and calibrate off the event loop, then make the engine on it. `files`
     skips re-reading the model's header and tokenizer when the caller already has them."""
     parts = await asyncio.to_thread(build_parts, config, files)
-    cost = await asyncio.to_thread(calibrated_cost, config, parts)
+    # not a pool thread: the backend steps it runs leave OpenMP threads behind while their thread lives
+    cost = await run_in_own_thread(functools.partial(calibrated_cost, config, parts), "pagedserve-calibrate")
     telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
     guides = await asyncio.to_thread(GuideFactory, parts.files.tokenizer)
     engine = build_engine(config, parts, observer=telemetry, cost=cost, guides=guides)
