@@ -77,13 +77,28 @@ class AttentionTimer:
         return out
 
 
-def prefill_rate(backend: NumpyBackend, tokens: int = PREFILL, repeats: int = 2) -> float:
+def prefill_rate(backend: NumpyBackend, tokens: int = PREFILL, repeats: int = 2, per_layer: bool = False) -> float:
+    """Tokens per second of one prompt's prefill; per_layer: on the per-layer path even where the fused step
+    would take it."""
     ids = list(np.random.default_rng(0).integers(20, 40000, tokens))
-    seconds = []
-    for _ in range(repeats):
-        batch = make_batch([SeqState(blocks=list(range(tokens // BLOCK)))], [ids], BLOCK)
-        seconds.append(_timed(functools.partial(backend.compute_logits, batch)))
+    seconds, fused = [], backend.forward.fused_step
+    if per_layer:
+        backend.forward.fused_step = None
+    try:
+        for _ in range(repeats):
+            batch = make_batch([SeqState(blocks=list(range(tokens // BLOCK)))], [ids], BLOCK)
+            seconds.append(_timed(functools.partial(backend.compute_logits, batch)))
+    finally:
+        backend.forward.fused_step = fused
     return tokens / min(seconds)
+
+
+def prefill_note(backend: NumpyBackend, rate: float) -> str:
+    """The prefill rate, and the per-layer path's beside it when the fused step takes the whole prompt."""
+    fused = backend.forward.fused_step
+    if fused is None or not fused.fits(PREFILL):
+        return f"{rate:.0f} tokens/s"
+    return f"{rate:.0f} tokens/s fused (per-layer path: {prefill_rate(backend, per_layer=True):.0f})"
 
 
 @dataclass(frozen=True)
@@ -203,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         prefill[mode.name] = prefill_rate(mode.backend)
         print(f"{mode.name:>10}: streamed per decode step {mode.streamed / 1e6:.0f} MB -> floor "
               f"{mode.streamed / read * 1e3:.1f} ms at the read bandwidth; weights resident "
-              f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at {PREFILL} tokens {prefill[mode.name]:.0f} tokens/s")
+              f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at {PREFILL} tokens "
+              f"{prefill_note(mode.backend, prefill[mode.name])}")
     tables = decode_tables(modes, args.repeats, timer)
     print_tables(modes, tables, read)
     print_cost_fits(modes, tables, prefill)
