@@ -93,6 +93,11 @@ def prefill_rate(backend: NumpyBackend, tokens: int = PREFILL, repeats: int = 2,
     return tokens / min(seconds)
 
 
+def fused_rows(mode: Mode) -> str:
+    fused = mode.backend.forward.fused_step
+    return f"{mode.name} {f'up to {fused.max_rows} rows' if fused else 'off'}"
+
+
 def prefill_note(backend: NumpyBackend, rate: float) -> str:
     """The prefill rate, and the per-layer path's beside it when the fused step takes the whole prompt."""
     fused = backend.forward.fused_step
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     forward = modes[0].backend.forward
     print(f"decode attention: {getattr(forward.decode_attention, '__qualname__', '?')}; projections: "
           f"{getattr(forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); fused C "
-          f"step: {f'up to {forward.fused_step.max_rows} rows' if forward.fused_step else 'off'}; fast precision: "
+          f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: "
           f"{'AMX tiles' if NativeMatmul(fast=True).fast else 'no AMX here: the exact kernels'}")
     print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
     rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
