@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void tile_scales(const Weights *w, 
 }
 
 /* Tile t (TILE weight rows) for `pair` (1 or 2) rows of x in nibble order; with_min a constant where inlined.
- * Accumulated and summed as tile_pair_wide_t sums (16 lanes, folded, hsum8). */
+ * Accumulated and summed as tile_pair_wide_t sums (16 lanes, store_tile_dots). */
 static inline __attribute__((always_inline)) void tile_pair_nibbles_t(const float *xp, const Weights *w, float *y,
                                                                       int64_t pair, int64_t k, int64_t n, int64_t t,
                                                                       int add, const int with_min) {
@@ -126,9 +126,7 @@ static inline __attribute__((always_inline)) void tile_pair_nibbles_t(const floa
     const float *x1 = xp + (pair > 1 ? k : 0);
     __m512 acc0[TILE], acc1[TILE];
     for (int j = 0; j < TILE; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    const int64_t next = (t + 1) * TILE, ahead_rows = n - next < TILE ? n - next : TILE;
-    Ahead ahead = ahead_bytes(weights_row(w, ahead_rows > 0 ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
-                              blocks);
+    Ahead ahead = next_tile_ahead(w, n, t, blocks);
     float dm[TILE][2 * SCALE_CHUNK];
     for (int64_t b0 = 0; b0 < blocks; b0 += SCALE_CHUNK) {
         const int64_t count = blocks - b0 < SCALE_CHUNK ? blocks - b0 : SCALE_CHUNK;
@@ -147,14 +145,7 @@ static inline __attribute__((always_inline)) void tile_pair_nibbles_t(const floa
             }
         }
     }
-    for (int64_t i = 0; i < pair; i++) {
-        vec8 folded[TILE];
-        for (int j = 0; j < TILE; j++) folded[j] = fold16(i == 0 ? acc0[j] : acc1[j]);
-        vec8 dots = hsum8(folded);
-        float *out = y + i * n + t * TILE;
-        if (add) dots += *(const vec8 *)out;
-        __builtin_memcpy(out, &dots, sizeof dots);
-    }
+    store_tile_dots(acc0, acc1, y, pair, n, t, add);
 }
 
 /* Tile t for every row of x (in nibble order), two rows at a time. */

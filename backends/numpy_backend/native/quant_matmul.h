@@ -32,11 +32,7 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
     const vec8 *x0 = (const vec8 *)x, *x1 = (const vec8 *)(x + (pair > 1 ? k : 0));
     vec8 acc0[TILE], acc1[TILE];
     for (int j = 0; j < TILE; j++) acc0[j] = acc1[j] = (vec8){0};
-    /* The tile's bytes are read a block of each row at a time, a pattern the hardware prefetcher does not
-     * follow: the next tile is prefetched into L2, a few lines per block (a 66 MB Q4_1 matrix: 10.2 ms -> ). */
-    const int64_t next = (t + 1) * TILE, ahead_rows = n - next < TILE ? n - next : TILE;
-    Ahead ahead = ahead_bytes(weights_row(w, ahead_rows > 0 ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
-                              blocks);
+    Ahead ahead = next_tile_ahead(w, n, t, blocks);
     for (int64_t b = 0; b < blocks; b++) {
         ahead_step(&ahead);
         for (int j = 0; j < TILE; j++) {

@@ -14,6 +14,13 @@
 #include "matmul.h"
 #include "quant.h"
 
+/* The prefetches of tile t's successor (the next TILE weight rows, fewer at the end of w), spread over the
+ * tile's `blocks` blocks: a block of each row at a time is a pattern the hardware prefetcher does not follow. */
+static inline Ahead next_tile_ahead(const Weights *w, int64_t n, int64_t t, int64_t blocks) {
+    const int64_t next = (t + 1) * TILE, rows = n - next < TILE ? n - next : TILE;
+    return ahead_bytes(weights_row(w, rows > 0 ? next : 0), rows > 0 ? rows * w->row_bytes : 0, blocks);
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define QUANT_WIDE 1
 #include <immintrin.h>
@@ -23,6 +30,21 @@ static inline int quant_wide_for(int32_t type, int64_t k) { return type != WEIGH
 /* 8 lanes from 16: lane i + lane i + 8 (the fold every path applies before hsum_pairs' order). */
 static inline vec8 fold16(__m512 v) {
     return (vec8)_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+
+/* A tile's dot products into y (+= with `add`): each of `pair` rows' TILE accumulators folded to 8 lanes and
+ * summed in hsum8's order, as every 16-lane path sums a row. */
+static inline __attribute__((always_inline)) void store_tile_dots(const __m512 *acc0, const __m512 *acc1,
+                                                                  float *y, int64_t pair, int64_t n, int64_t t,
+                                                                  int add) {
+    for (int64_t i = 0; i < pair; i++) {
+        vec8 folded[TILE];
+        for (int j = 0; j < TILE; j++) folded[j] = fold16(i == 0 ? acc0[j] : acc1[j]);
+        vec8 dots = hsum8(folded);
+        float *out = y + i * n + t * TILE;
+        if (add) dots += *(const vec8 *)out;
+        __builtin_memcpy(out, &dots, sizeof dots);
+    }
 }
 
 /* Weights 16 * c .. 16 * c + 15 of a float16 or bfloat16 row. */
@@ -74,9 +96,7 @@ static inline __attribute__((always_inline)) void tile_pair_wide_t(const float *
     const float *x1 = x + (pair > 1 ? k : 0);
     __m512 acc0[TILE], acc1[TILE];
     for (int j = 0; j < TILE; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    const int64_t next = (t + 1) * TILE, ahead_rows = n - next < TILE ? n - next : TILE;
-    Ahead ahead = ahead_bytes(weights_row(w, ahead_rows > 0 ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
-                              blocks);
+    Ahead ahead = next_tile_ahead(w, n, t, blocks);
     for (int64_t b = 0; b < blocks; b++) {
         ahead_step(&ahead);
         const __m512 a0 = _mm512_loadu_ps(x + 32 * b), a1 = _mm512_loadu_ps(x + 32 * b + 16);
@@ -94,14 +114,7 @@ static inline __attribute__((always_inline)) void tile_pair_wide_t(const float *
             acc0[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k - 16), v, acc0[j]);
             if (pair > 1) acc1[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x1 + k - 16), v, acc1[j]);
         }
-    for (int64_t i = 0; i < pair; i++) {
-        vec8 folded[TILE];
-        for (int j = 0; j < TILE; j++) folded[j] = fold16(i == 0 ? acc0[j] : acc1[j]);
-        vec8 dots = hsum8(folded);
-        float *out = y + i * n + t * TILE;
-        if (add) dots += *(const vec8 *)out;
-        __builtin_memcpy(out, &dots, sizeof dots);
-    }
+    store_tile_dots(acc0, acc1, y, pair, n, t, add);
 }
 
 static void project_tile_wide(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
