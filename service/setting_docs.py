@@ -66,7 +66,8 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
                                 choices=DTYPES),
     "backend.cpu_kernels": SettingDoc(
         "numpy only: auto (the C kernels where they build, else NumPy), native (the C kernels or an error), "
-        "numpy; the C kernels run the fused step of up to 64 tokens, decode and prefill attention, projections",
+        "numpy; the C kernels run the fused step (up to 64 tokens; 512 with the weights as stored), decode and "
+        "prefill attention, projections",
         choices=CPU_KERNELS),
     "backend.weights": SettingDoc(
         "gguf: each weight matrix as the file stores it, where a kernel reads its type (Q4_0, Q4_1, Q8_0, F16, "
