@@ -32,11 +32,13 @@ async def run_in_own_thread(fn: Callable[[], T], name: str) -> T:
 
     def work() -> None:
         try:
-            result = fn()
+            result, error = fn(), None
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, which raises it
-            loop.call_soon_threadsafe(settle, None, exc)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop closed meanwhile (a shutdown during start-up): no one is waiting
+            pass
 
     threading.Thread(target=work, name=name, daemon=True).start()
     return await done

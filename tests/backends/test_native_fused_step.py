@@ -250,13 +250,18 @@ def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, sto
         check(mine, theirs)
 
 
-def test_stored_weights_take_prompts_of_up_to_512_tokens(model: LoadedModel, stored_model: LoadedModel,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every layer matrix as stored: a 300-token prompt and a decode in one fused call, the prompt's rows attending
-    together (the chunk kernel), as the NumPy reference computes them; float32 matrices keep BLAS past 64 rows."""
+@pytest.mark.parametrize(("prefixes", "chunks"), [([0, 40, 7], [300, 1, 12]), ([0, 5, 33, 200, 7], [17, 64, 1, 40, 3]),
+                                                  ([3, 0, 9], [1, 2, 509])],
+                         ids=["prompt beside a decode", "chunks and decodes", "512 rows"])
+def test_stored_weights_take_steps_of_up_to_512_tokens(model: LoadedModel, stored_model: LoadedModel,
+                                                       monkeypatch: pytest.MonkeyPatch, prefixes: list[int],
+                                                       chunks: list[int]) -> None:
+    """Every layer matrix as stored: prompts, chunks continuing cached prefixes and decodes in one fused call, each
+    chunk's rows attending together (the chunk kernel), as the NumPy reference computes them; float32 matrices
+    keep BLAS past 64 rows."""
     assert NumpyBackend(model, "native").forward.fused_step.max_rows == MAX_ROWS  # type: ignore[union-attr]
-    pair = Pair(stored_model, 512, 16)
+    pair = Pair(stored_model, 1024, 16)
     assert pair.fused.forward.fused_step.max_rows == STORED_MAX_ROWS  # type: ignore[union-attr]
     calls = pair.fused_calls(monkeypatch)
-    assert_same_step(pair, pair.step_batch([0, 40, 7], [300, 1, 12]))
-    assert calls == [313]
+    assert_same_step(pair, pair.step_batch(prefixes, chunks))
+    assert calls == [sum(chunks)]
