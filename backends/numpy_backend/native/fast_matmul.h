@@ -223,6 +223,7 @@ static inline int fast_uses_amx(void) {
  * projections run on tiles, x as tiles. Sized for m rows of x and input widths up to kmax. */
 typedef struct {
     float *per_thread; /* `stride` floats per thread */
+    float *x_lanes;    /* exact, from MIN_BLOCKED_ROWS rows: x in nibble order, shared (m x kmax floats) */
     uint16_t *xv;      /* tiles only: x as B tiles (m_padded / 16 x kp / 32 tiles of 512 values) */
     int64_t m_padded, kp, stride;
     int tiles; /* the fast precision on AMX tiles for this call */
@@ -234,18 +235,19 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
     f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
-    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: x in nibble order
-     * and strips */
+    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
-    const int64_t strips = quant_buffer_floats(m, kmax);
+    const int64_t strips = quant_buffer_floats(kmax);
     f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
     if (f->tiles) f->xv = aligned_alloc(64, sizeof(uint16_t) * (size_t)(f->m_padded * f->kp));
-    return f->per_thread != NULL && (!f->tiles || f->xv != NULL);
+    const int lanes = !f->tiles && m >= MIN_BLOCKED_ROWS;
+    if (lanes) f->x_lanes = malloc(sizeof(float) * (size_t)(m * kmax));
+    return f->per_thread != NULL && (!f->tiles || f->xv != NULL) && (!lanes || f->x_lanes != NULL);
 }
 
 static void projection_work_free(ProjectionWork *f) {
-    free(f->per_thread), free(f->xv);
+    free(f->per_thread), free(f->xv), free(f->x_lanes);
 }
 
 /* y (m, n) (+)= x (m, k) @ w.T, fast (on tiles) when the work was sized for it, else exact: inside the OpenMP
@@ -262,7 +264,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
         return;
     }
 #endif
-    project_weights(x, w, y, m, k, n, add, mine);
+    project_weights(x, w, y, m, k, n, add, mine, f->x_lanes);
 }
 
 #endif

@@ -151,36 +151,52 @@ static void project_rest_q(const float *x, const Weights *w, float *y, int64_t m
         }
 }
 
-/* Floats of the buffer project_weights needs from each thread for m rows of inputs k wide: a group of strips,
- * and x in nibble order. */
-static inline int64_t quant_buffer_floats(int64_t m, int64_t k) { return k * STRIP * GROUP + m * k; }
+/* Floats of the buffer project_weights needs from each thread for inputs k wide: a group of strips (from
+ * MIN_BLOCKED_ROWS rows of x), or the rows of x in nibble order (fewer: at most 2 k). */
+static inline int64_t quant_buffer_floats(int64_t k) { return k * STRIP * GROUP; }
+
+/* x in the order project_weights reads it: itself, or its rows in nibble order (Q4 types with AVX-512). One or
+ * two rows go into the thread's own buffer, no barrier; more into `shared` (m * k floats), by every thread of
+ * the region together: copies per thread cost threads x m x k floats, gigabytes for a large model's long
+ * prefill on many cores. */
+static inline const float *x_as_read(const float *x, const Weights *w, int64_t m, int64_t k, float *mine,
+                                     float *shared) {
+#if QUANT_WIDE
+    if (!nibble_ordered(w->type)) return x;
+    if (m < MIN_BLOCKED_ROWS) {
+        permute_nibble_rows(x, m, k, mine);
+        return mine;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m; i++) permute_nibble_rows(x + i * k, 1, k, shared + i * k);
+    return shared; /* the omp for's barrier: every row is in place */
+#else
+    (void)w, (void)m, (void)k, (void)mine, (void)shared;
+    return x;
+#endif
+}
 
 /* y (m, n) = x (m, k) @ w.T (y += with `add`), w of any type quant.h reads; weights_supported(type, k) must
- * hold. Shared among the threads of the enclosing OpenMP region, as project_rows. `buf`: quant_buffer_floats(m,
- * k) floats of the calling thread's own, allocated once by the caller (a buffer malloc'ed per call was mmap'ed
- * and unmapped every time, and the unmapping stalled both threads): x in nibble order for the Q4 types (each
- * thread makes its own copy: no barrier), then, from MIN_BLOCKED_ROWS rows, the thread's group of strips. */
+ * hold. Shared among the threads of the enclosing OpenMP region, as project_rows. `buf`: quant_buffer_floats(k)
+ * floats of the calling thread's own, allocated once by the caller (a buffer malloc'ed per call was mmap'ed
+ * and unmapped every time, and the unmapping stalled both threads): from MIN_BLOCKED_ROWS rows the thread's
+ * group of strips, below them x in nibble order; `shared`: m * k floats for x in nibble order from
+ * MIN_BLOCKED_ROWS rows (x_as_read). */
 static inline void project_weights(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
-                                   int add, float *buf) {
+                                   int add, float *buf, float *shared) {
     if (w->type == WEIGHTS_F32) {
         project_rows(x, (const float *)w->data, y, m, k, n, add);
         return;
     }
-#if QUANT_WIDE
-    if (nibble_ordered(w->type)) {
-        permute_nibble_rows(x, m, k, buf);
-        x = buf;
-    }
-#endif
-    float *strips = buf + m * k;
+    x = x_as_read(x, w, m, k, buf, shared);
     const int blocked = m >= MIN_BLOCKED_ROWS; /* the same on every thread: the loop's bounds must be */
     const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t <= parts; t++) {
         if (t == parts)
-            project_rest_q(x, w, y, m, k, n, parts * width, add, blocked ? strips : NULL);
+            project_rest_q(x, w, y, m, k, n, parts * width, add, blocked ? buf : NULL);
         else if (blocked)
-            project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, strips);
+            project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, buf);
         else
             project_tile_q(x, w, y, m, k, n, t, add);
     }
