@@ -64,10 +64,9 @@ class LlamaForward:
         assert self.fused_step is not None
         tables, lengths, seq_first = batch.block_tables, batch.context_lens, None
         if not step.layout.all_decode:
-            counts = np.diff(batch.query_start)
-            seq_of_token = np.repeat(np.arange(len(tables)), counts)
+            seq_of_token = np.repeat(np.arange(len(tables)), np.diff(batch.query_start))
             tables, lengths = tables[seq_of_token], batch.positions + 1
-            seq_first = np.repeat(batch.query_start[:-1], counts)
+            seq_first = batch.query_start[seq_of_token]
         half = self.config.head_dim // 2
         self.fused_step.run(x, cache, step.cos.reshape(-1, half), step.sin.reshape(-1, half), batch.slot_mapping,
                             tables, lengths, seq_first)

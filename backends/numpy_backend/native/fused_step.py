@@ -92,11 +92,10 @@ class NativeFusedStep:
         _require(keep[0].shape == angles == keep[1].shape and keep[2].shape == (len(x),) == keep[4].shape
                  and keep[3].ndim == 2 and len(keep[3]) == len(x),
                  "one row each of cos and sin (head_dim / 2 wide), slots, tables and lengths")
-        if seq_first is not None:
-            keep.append(c_array(seq_first, np.int32))
-            _require(keep[5].shape == (len(x),), "one sequence start per row")
-        rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep[:5]),
-                         keep[5].ctypes.data if seq_first is not None else None)
+        firsts = None if seq_first is None else c_array(seq_first, np.int32)  # alive until the call returns
+        _require(firsts is None or firsts.shape == (len(x),), "one sequence start per row")
+        rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep),
+                         None if firsts is None else firsts.ctypes.data)
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data,
                           self.last_seconds.ctypes.data, int(self.fast))
         if status != 0:
