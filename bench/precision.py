@@ -3,14 +3,17 @@ as stored:
 
     python -m bench.precision [--prompts 20] [--tokens 128]
 
-- greedy agreement: `--prompts` chat prompts decoded together (one batch, so every step has enough rows for
-  the fast precision's tiles) for `--tokens` tokens in each precision; how many tokens agree before the first
-  difference, per prompt, and over all;
+- greedy agreement, batched: `--prompts` chat prompts decoded together (one batch, so every step has enough
+  rows for the fast precision's tiles) for `--tokens` tokens in each precision; how many tokens agree before
+  the first difference, per prompt, and over all;
+- greedy agreement, alone: the same prompts each decoded on its own (decode steps of one row: the fast
+  precision's 8-bit small steps);
 - perplexity of bench/data/perplexity.txt (plain prose written for this purpose, about 1,060 tokens) in chunks
-  of 64 tokens, each chunk's logits for every position from one step.
+  of 64 tokens, each chunk's logits for every position from one step (the tiles); and again one token a step
+  (the small steps).
 
-The fast precision ships only if its perplexity is within 1 % of the exact one's. Prints the machine's fast
-path (AMX tiles, or none: then fast is exact and the numbers agree exactly).
+The fast precision ships only if both perplexities are within 1 % of the exact ones. Prints the machine's fast
+paths (AMX tiles, 8-bit small steps, or neither: then fast is exact and the numbers agree exactly).
 """
 
 from __future__ import annotations
@@ -71,6 +74,12 @@ def greedy(backend: NumpyBackend, model: LoadedModel, prompt_ids: list[list[int]
     return [out.choices[0].token_ids for out in llm.generate(prompt_ids, params)]
 
 
+def greedy_alone(backend: NumpyBackend, model: LoadedModel, prompt_ids: list[list[int]],
+                 tokens: int) -> list[list[int]]:
+    """greedy for each prompt on its own: decode steps of one row."""
+    return [greedy(backend, model, [one], tokens)[0] for one in prompt_ids]
+
+
 def agreement(a: list[list[int]], b: list[list[int]], tokens: int) -> Agreement:
     def prefix(x: list[int], y: list[int]) -> int:
         return next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), len(x))
@@ -78,12 +87,12 @@ def agreement(a: list[list[int]], b: list[list[int]], tokens: int) -> Agreement:
     return Agreement([prefix(x, y) for x, y in zip(a, b, strict=True)], tokens)
 
 
-def perplexity(backend: NumpyBackend, ids: list[int]) -> float:
-    """exp(mean negative log-likelihood) of each token given those before it, a chunk of CHUNK per step."""
+def perplexity(backend: NumpyBackend, ids: list[int], chunk_size: int = CHUNK) -> float:
+    """exp(mean negative log-likelihood) of each token given those before it, a chunk of `chunk_size` per step."""
     backend.init_cache(-(-len(ids) // BLOCK), BLOCK)
     seq, nll = SeqState(blocks=list(range(-(-len(ids) // BLOCK)))), 0.0
-    for start in range(0, len(ids) - 1, CHUNK):
-        chunk = ids[start : start + CHUNK]
+    for start in range(0, len(ids) - 1, chunk_size):
+        chunk = ids[start : start + chunk_size]
         hidden = backend.forward.hidden_states(make_batch([seq], [chunk], BLOCK), backend.cache)  # adds the chunk
         logits = backend.forward.logits(hidden).astype(np.float64)
         targets = np.array(ids[start + 1 : start + 1 + len(chunk)])
@@ -99,17 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_model(stored=STORED_TYPES)
     exact, fast = (NumpyBackend(model, "auto", precision) for precision in ("exact", "fast"))
-    path = "AMX tiles" if NativeMatmul(fast=True).fast else "none on this machine (fast runs the exact kernels)"
-    print(f"fast precision: bfloat16 products on {path}")
+    print(f"fast precision: {fast_paths(NativeMatmul(fast=True))}")
     ids = prompts(model, args.prompts)
-    agree = agreement(greedy(exact, model, ids, args.tokens), greedy(fast, model, ids, args.tokens), args.tokens)
+    together = agreement(greedy(exact, model, ids, args.tokens), greedy(fast, model, ids, args.tokens), args.tokens)
+    alone = agreement(greedy_alone(exact, model, ids, args.tokens), greedy_alone(fast, model, ids, args.tokens),
+                      args.tokens)
     text = model.files.tokenizer.encode(TEXT.read_text())
-    ppl_exact, ppl_fast = perplexity(exact, text), perplexity(fast, text)
-    change = ppl_fast / ppl_exact - 1
-    verdict = "met" if abs(change) < 0.01 else "NOT met"
-    print("\n".join([*agree.lines(), f"perplexity of {TEXT.name} ({len(text)} tokens): exact {ppl_exact:.4f}, "
-                     f"fast {ppl_fast:.4f} ({change:+.3%}); target (within 1 %): {verdict}"]))
-    return 0 if abs(change) < 0.01 else 1
+    changes = []
+    for label, size in ((f"chunks of {CHUNK}", CHUNK), ("one token a step", 1)):
+        ppl_exact, ppl_fast = perplexity(exact, text, size), perplexity(fast, text, size)
+        changes.append(ppl_fast / ppl_exact - 1)
+        print(f"perplexity of {TEXT.name} ({len(text)} tokens), {label}: exact {ppl_exact:.4f}, fast {ppl_fast:.4f} "
+              f"({changes[-1]:+.3%})")
+    met = all(abs(c) < 0.01 for c in changes)
+    print("\n".join(["batched, " + together.lines()[0], "alone, " + alone.lines()[0],
+                     f"target (perplexity within 1 %): {'met' if met else 'NOT met'}"]))
+    return 0 if met else 1
+
+
+def fast_paths(matmul: NativeMatmul) -> str:
+    tiles = "bfloat16 products on AMX tiles" if matmul.fast_uses_tiles else "exact (no AMX tiles)"
+    small = "8-bit x, integer dot products" if matmul.fast_small_steps else "exact (no AVX2)"
+    return f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}"
 
 
 if __name__ == "__main__":

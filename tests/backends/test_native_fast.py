@@ -1,8 +1,11 @@
 """The fast precision (fast_matmul.h): on a CPU whose AMX tiles the process may use, steps of FAST_MIN_ROWS rows
 or more multiply bfloat16-rounded values on the tiles, checked against NumPy's product of the same rounded values;
-smaller steps, and every step without AMX, are the exact kernels, bit for bit."""
+smaller steps on Q4_0 / Q4_1 weights round x to 8 bits and multiply integers (q8_dots.h), checked against
+NumPy's q8_reference; every other step is the exact kernels', bit for bit."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +15,9 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.model.quant import QuantMatrix
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, to_bfloat16
+from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, q8_reference, q8_rows, to_bfloat16
 from backends.numpy_backend.native.weights import STORED_TYPES
+from tests.backends.haswell import build_haswell, has_avx2, haswell_matmul
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
@@ -80,17 +84,74 @@ def test_a_rows_result_does_not_depend_on_its_tile_or_lane(fast: NativeMatmul) -
                                   together[[7, 8, 33, 34]])
 
 
+@pytest.fixture(scope="module")
+def small_steps(fast: NativeMatmul) -> None:
+    """A skip where the build has no 8-bit small steps (no AVX2): CI's machine may lack them."""
+    if not fast.fast_small_steps:
+        pytest.skip("no AVX2 on this machine")
+
+
+needs_small_steps = pytest.mark.usefixtures("small_steps")
+SMALL_SHAPES = [(t, inner, outputs) for t in (Q.Q4_0, Q.Q4_1)
+                for inner, outputs in ((32, 3), (64, 13), (576, 960), (1536, 577))]
+
+
+def test_x_is_rounded_per_block_of_32_to_nearest_even() -> None:
+    x = np.zeros((1, 64), np.float32)
+    x[0, :4] = [127.0, 0.5, 1.5, -2.5]  # the first block's scale is 1: halves go to the even integer
+    x[0, 32:34] = [-63.5, 0.25]  # the second block's: 63.5 / 127 = 0.5, so -63.5 -> -127 and 0.25 -> 0 (0.5)
+    q, scale = q8_rows(x)
+    assert scale.tolist() == [[1.0, 0.5]]
+    assert q[0, 0, :4].tolist() == [127, 0, 2, -2] and q[0, 1, :2].tolist() == [-127, 0]
+    assert not q[0, 0, 4:].any() and not q[0, 1, 2:].any()
+
+
+@needs_small_steps
+@pytest.mark.parametrize(("qtype", "inner", "outputs"), SMALL_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("rows", [1, 2, FAST_MIN_ROWS - 1])
-def test_small_steps_are_exact(fast: NativeMatmul, exact: NativeMatmul, rows: int) -> None:
-    w, x = stored(Q.Q4_1, 77, 576), activations(rows, 576)
+def test_small_steps_multiply_8_bit_x_in_integers(fast: NativeMatmul, qtype: Q, inner: int, outputs: int,
+                                                 rows: int) -> None:
+    """Every 8-bit path's type; widths of one block and more, weight rows past whole strips of 4, every row
+    count below the tiles': x rounded as q8_rows rounds it, integer dot products, float32 scaling and sums."""
+    w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
+    x[0, :32] = 0.0  # an all-zero block: scale 0, no division by it
+    scale = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).T.astype(np.float64)
+    out = fast.project(x, w)
+    assert out.shape == (rows, outputs) and out.dtype == np.float32
+    assert np.all(np.abs(out - q8_reference(x, w)) <= 2e-6 * scale + 1e-7)
+
+
+@needs_small_steps
+def test_small_steps_cost_what_rounding_x_costs(fast: NativeMatmul, exact: NativeMatmul) -> None:
+    """Against the exact kernels, 8-bit x moves a dot product by about 1 / 254 of a block's largest value
+    per value: within 1 % of the sum of the products' sizes, and far from 0 (the rounding ran)."""
+    w, x = stored(Q.Q4_1, 96, 576), activations(1, 576)
+    scale = np.abs(x) @ np.abs(w.dequantize()).T
+    error = np.abs(fast.project(x, w) - exact.project(x, w)) / scale
+    assert error.max() < 0.01 and error.mean() > 1e-5
+
+
+@needs_small_steps
+def test_a_small_steps_rows_do_not_depend_on_each_other(fast: NativeMatmul) -> None:
+    w, x = stored(Q.Q4_0, 45, 576), activations(3, 576)
+    together = fast.project(x, w)
+    for i in range(3):
+        np.testing.assert_array_equal(fast.project(x[i : i + 1], w), together[i : i + 1])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.F16, Q.BF16])
+@pytest.mark.parametrize("rows", [1, 2, FAST_MIN_ROWS - 1])
+def test_small_steps_on_other_weights_are_exact(fast: NativeMatmul, exact: NativeMatmul, qtype: Q,
+                                                rows: int) -> None:
+    w, x = stored(qtype, 77, 576), activations(rows, 576)
     np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
 
 
-def test_without_tiles_fast_is_exact(fast: NativeMatmul, exact: NativeMatmul) -> None:
+def test_without_tiles_large_steps_are_exact(fast: NativeMatmul, exact: NativeMatmul) -> None:
     if fast.fast_uses_tiles:
         assert fast.fast
         pytest.skip("this machine has the tiles")
-    assert not fast.fast
+    assert fast.fast == fast.fast_small_steps
     w, x = stored(Q.Q8_0, 30, 64), activations(16, 64)
     np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
 
@@ -131,3 +192,40 @@ def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: Load
     outs = [greedy(NumpyBackend(model, "native", precision), model, ids, 12) for precision in ("exact", "fast")]
     matched = agreement(*outs, 12).matched
     assert sorted(matched)[len(matched) // 2] >= 6 and max(matched) == 12, matched
+
+
+@needs_small_steps
+@pytest.mark.skipif(not has_avx2(), reason="the CPU cannot run an AVX2 build")
+def test_an_avx2_build_gives_the_small_steps_the_same_floats(fast: NativeMatmul, tmp_path: Path,
+                                                              c_compiler: str) -> None:
+    """Without VNNI the integer dot products are pmaddubsw + pmaddwd: the same int32 sums as vpdpbusd, so the
+    same floats, bit for bit."""
+    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast, fast=True)
+    assert haswell.fast_small_steps
+    for qtype in (Q.Q4_0, Q.Q4_1):
+        w = stored(qtype, 37, 576, seed=int(qtype))
+        for rows in (1, 2, 3):
+            x = activations(rows, 576, seed=rows)
+            np.testing.assert_array_equal(haswell.project(x, w), fast.project(x, w))
+
+
+@needs_small_steps
+def test_a_lone_sequence_decodes_on_8_bit_x(model: LoadedModel) -> None:
+    """A decode step of one row through the default model (the 8-bit path in every layer's projections): its
+    logits differ from the exact ones (the path ran) by little, and three chat prompts, each decoded
+    alone for 12 tokens, mostly follow the exact precision's greedy tokens."""
+    from bench.precision import agreement, greedy_alone, prompts  # noqa: PLC0415 - the benchmark's own helpers
+
+    logits = []
+    for precision in ("exact", "fast"):
+        backend = NumpyBackend(model, "native", precision)
+        backend.init_cache(8, 16)
+        backend.compute_logits(make_batch([SeqState(blocks=[0, 1])], [[200, 201, 202, 203, 204]], 16))
+        logits.append(backend.compute_logits(make_batch([SeqState(blocks=[0, 1], tokens=[0] * 5)], [[205]], 16)))
+    exact_logits, fast_logits = logits
+    assert not np.array_equal(exact_logits, fast_logits)
+    assert np.abs(fast_logits - exact_logits).max() < 0.05 * np.abs(exact_logits).max()
+    ids = prompts(model, 3)
+    outs = [greedy_alone(NumpyBackend(model, "native", p), model, ids, 12) for p in ("exact", "fast")]
+    matched = agreement(*outs, 12).matched
+    assert max(matched) == 12 and sorted(matched)[1] >= 6, matched

@@ -6,19 +6,16 @@ copy's results bit for bit where the sums run in 8 lanes, within float32 roundin
 
 from __future__ import annotations
 
-import ctypes
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
 from backends.model.quant import QuantMatrix
-from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import readable
+from tests.backends.haswell import build_haswell, has_avx2, haswell_matmul
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
@@ -122,34 +119,15 @@ def test_the_kernel_refuses_what_it_cannot_read(matmul: NativeMatmul) -> None:
     assert status == -2
 
 
-def _has_avx2() -> bool:
-    try:
-        return " avx2 " in f" {open('/proc/cpuinfo').read().replace(chr(10), ' ')} "
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _has_avx2(), reason="the CPU cannot run an AVX2 build")
+@pytest.mark.skipif(not has_avx2(), reason="the CPU cannot run an AVX2 build")
 def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path, c_compiler: str) -> None:
     """The kernels without AVX-512 (each value converted and scaled, where AVX-512 looks values up in a table of
     the block's 16; 8-lane sums): built for a Haswell, run here: gguf's values, and the float32 copy's results
     bit for bit."""
-    library = tmp_path / "matmul_haswell.so"
-    done = subprocess.run([c_compiler, *(f for f in FLAGS if f != "-march=native"), "-march=haswell", *OPENMP, "-o",
-                           str(library), str(SOURCE_DIR / "matmul_rows.c"), "-lm"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    haswell = NativeMatmul(cache_dir=tmp_path / "unused")
-    haswell._fn = _bind_like(ctypes.CDLL(str(library)).matmul_weights_f32, matmul._fn)
-    haswell.fast = False
-    haswell._dequantize = _bind_like(ctypes.CDLL(str(library)).dequantize_f32, matmul._dequantize)
+    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), matmul, fast=False)
     for qtype in QUANTIZED + FLOATS:
         w = stored(qtype, 29, 576, seed=int(qtype))
         np.testing.assert_array_equal(haswell.dense(w), w.dequantize())
         for rows in (1, 2, 5):
             x = activations(rows, 576)
             np.testing.assert_array_equal(haswell.project(x, w), haswell.project(x, w.dequantize()))
-
-
-def _bind_like(fn: Any, like: Any) -> Any:
-    fn.restype, fn.argtypes = like.restype, like.argtypes
-    return fn

@@ -1,14 +1,17 @@
-/* The "fast" precision's projections: for steps of FAST_MIN_ROWS rows or more, y = x @ w.T with x and every
+/* The "fast" precision's projections. Steps of fewer than FAST_MIN_ROWS rows on Q4_0 / Q4_1 weights:
+ * x rounded to 8-bit integers per block and multiplied in integers (q8_dots.h). For steps of FAST_MIN_ROWS rows
+ * or more, y = x @ w.T with x and every
  * weight rounded to bfloat16 (round to nearest even), their products exact in float32 and summed in float32, on
  * the CPU's AMX tile unit: TDPBF16PS multiplies a 16 x 32 tile of weights by a 32 x 16 tile of x in one
  * instruction, 8192 multiply-adds, where the float32 kernels do 8 per FMA. Each group of 16 weight rows is
  * dequantized (quant.h) and converted once per call, then used for every row of x: a batch pays the
  * dequantization once per weight, as the exact kernels' strips do, and little more.
  *
- * Smaller steps, and every step where the CPU has no AMX or the kernel does not let the process use it (Linux
- * arch_prctl), run the exact kernels (quant_matmul.h): rounding costs a step of one or two rows more than the
- * tiles save. So in this precision a row's result can depend on the size of its batch. The reference is the
- * float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark
+ * Steps of more rows where the CPU has no AMX or the kernel does not let the process use it (Linux
+ * arch_prctl), small steps on other weight types, and every step without AVX2 run the exact kernels
+ * (quant_matmul.h): converting the weights to bfloat16 costs a step of one to three rows more than the tiles
+ * save. So in this precision a row's result can depend on the size of its batch. The reference of the tiles is
+ * the float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark
  * (bench/precision.py) measures what the rounding costs against the exact precision.
  */
 #ifndef PAGEDSERVE_FAST_MATMUL_H
@@ -18,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "q8_dots.h"
 #include "quant_matmul.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
@@ -30,7 +34,7 @@
 
 #define FAST_TILE 16   /* rows of x, and weight rows, per tile */
 #define FAST_K 32      /* weights (bfloat16 pairs x 16) per tile row of 64 bytes */
-#define FAST_MIN_ROWS 4 /* fewer rows of x: the exact kernels (cheaper than converting the weights) */
+#define FAST_MIN_ROWS 4 /* fewer rows of x: q8_dots.h or exact (cheaper than converting the weights) */
 
 /* float32 -> bfloat16, round to nearest even (x never NaN here: activations and weights are finite). */
 static inline uint16_t to_bf16(float f) {
@@ -227,6 +231,7 @@ typedef struct {
     uint16_t *xv;      /* tiles only: x as B tiles (m_padded / 16 x kp / 32 tiles of 512 values) */
     int64_t m_padded, kp, stride;
     int tiles; /* the fast precision on AMX tiles for this call */
+    int q8;    /* the fast precision's small step: x rounded to 8 bits (q8_dots.h), where the weights' type allows */
 } ProjectionWork;
 
 /* 0 when out of memory (projection_work_free is still safe). */
@@ -237,8 +242,10 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
     /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
-    const int64_t strips = quant_buffer_floats(kmax);
-    f->stride = ((tiles > strips ? tiles : strips) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
+    f->q8 = Q8_DOTS && fast && m > 0 && m < FAST_MIN_ROWS;
+    const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_x_bytes(m, kmax) + 3) / 4 : 0;
+    const int64_t most = tiles > strips ? tiles : strips;
+    f->stride = ((most > q8 ? most : q8) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
     if (f->tiles) f->xv = aligned_alloc(64, sizeof(uint16_t) * (size_t)(f->m_padded * f->kp));
     const int lanes = !f->tiles && m >= MIN_BLOCKED_ROWS;
@@ -250,11 +257,17 @@ static void projection_work_free(ProjectionWork *f) {
     free(f->per_thread), free(f->xv), free(f->x_lanes);
 }
 
-/* y (m, n) (+)= x (m, k) @ w.T, fast (on tiles) when the work was sized for it, else exact: inside the OpenMP
- * region, every thread with its id. */
+/* y (m, n) (+)= x (m, k) @ w.T, fast (on tiles, or in 8-bit integers) when the work was sized for it, else
+ * exact: inside the OpenMP region, every thread with its id. */
 static void project_step(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
+#if Q8_DOTS
+    if (f->q8 && q8_reads(w->type)) {
+        project_q8(x, w, y, m, k, n, add, mine);
+        return;
+    }
+#endif
 #if FAST_AMX
     if (f->tiles) {
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
@@ -29,8 +30,9 @@ MAX_ROWS = 64
 class NativeMatmul:
     """`project(x, w)` = x @ w.T: the C kernel when x has 1..max_rows rows of C-contiguous float32 and the
     kernel reads w as it is (weights.readable); NumPy (BLAS) otherwise, on w dequantized by `dense` when it is
-    stored quantized (the per-call float32 copy of one matrix, never kept). With `fast` on a CPU whose AMX
-    tiles the process may use, the fast precision's kernel (fast_matmul.h) for any number of rows."""
+    stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
+    (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; with AVX2, steps of
+    1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False) -> None:
         self.library_path = build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
@@ -45,13 +47,14 @@ class NativeMatmul:
                                      ctypes.c_int64, ctypes.c_int64]
         # stored weights summed in 16 lanes: their results differ from the float32 copy's by float32 rounding
         self.wide_sums = bool(library.quant_sums_wide())
-        self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else the fast precision is the exact one
-        self.fast = fast and self.fast_uses_tiles
+        self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else larger steps are exact in fast
+        self.fast_small_steps = bool(library.fast_small_steps())  # AVX2: else small steps are exact in fast
+        self.fast = fast and (self.fast_uses_tiles or self.fast_small_steps)
         self.max_rows = max_rows
         self.threaded = bool(library.built_with_openmp())  # False: built without OpenMP, one thread
 
     def project(self, x: np.ndarray, w: Matrix) -> np.ndarray:
-        if not self._fits(x, w, self.fast):
+        if not self._fits(x, w, self.fast and self.fast_uses_tiles):
             return x @ self.dense(w).T
         rows, inner = x.shape
         out = np.empty((rows, w.shape[0]), np.float32)
@@ -97,3 +100,35 @@ def fast_reference(x: np.ndarray, w: Matrix) -> np.ndarray:
 def numpy_project(x: np.ndarray, w: Matrix) -> np.ndarray:
     """The reference projection: x (T, k) @ w.T for a weight stored (n, k), dequantized by gguf when quantized."""
     return x @ dense(w).T
+
+
+def q8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (m, k) rounded per block of 32 as the fast precision's small steps round it (q8_dots.h): the integers
+    (m, k / 32, 32) and each block's scale max |x| / 127 (m, k / 32), in float32 as C computes them."""
+    blocks = np.ascontiguousarray(x, np.float32).reshape(x.shape[0], -1, 32)
+    scale = np.abs(blocks).max(axis=2) / np.float32(127)
+    inverse = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0)
+    return np.rint(blocks * inverse[..., None]).astype(np.int64), scale
+
+
+def q4_parts(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Q4_0 / Q4_1 matrix's 4-bit integers (n, k / 32, 32), scales dw and offsets (n, k / 32) such that each
+    weight is dw * q + offset: gguf's block layouts read directly."""
+    n, blocks = w.shape[0], w.shape[1] // 32
+    raw = w.data.reshape(n, blocks, -1)
+    d = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+    start = 4 if w.qtype == GGMLQuantizationType.Q4_1 else 2
+    q = np.concatenate([raw[..., start:] & 0x0F, raw[..., start:] >> 4], axis=2).astype(np.int64)
+    if w.qtype == GGMLQuantizationType.Q4_1:
+        return q, d, raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    return q, d, -8.0 * d
+
+
+def q8_reference(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    """The fast precision's small-step product in NumPy, in float64: x rounded (q8_rows), each block's integer
+    dot product exact, then dw * dx * dot + offset * dx * sum(qx) (the reference of q8_dots.h)."""
+    qx, dx = q8_rows(x)
+    qw, dw, offset = q4_parts(w)
+    dots = np.einsum("mbk,nbk->mnb", qx, qw).astype(np.float64)
+    sx = dx.astype(np.float64) * qx.sum(axis=2)
+    return np.einsum("mnb,nb,mb->mn", dots, dw, dx.astype(np.float64)) + np.einsum("nb,mb->mn", offset, sx)
