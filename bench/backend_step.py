@@ -1,16 +1,21 @@
 """NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size, for the
 weights dequantized to float32 and kept as the GGUF stores them (exact and fast precision), side by side.
 
-    python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast]
+    python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast] [--warm-ms 150] [--steps 3]
 
 Prints the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
 them once at the read bandwidth (the floor for a batch-1 decode step) and the resident memory the weights take
 (measured in a fresh process); prefill tokens/s at 512 tokens; decode step time and aggregate tokens/s at
 batch 1, 8, 32 and 64 with 256-token contexts, every mode and batch size taking turns round after round, with
 the share of each step spent in attention (and, for steps the fused C step ran, the time of its projections,
-attention and the rest); the scheduler's step-cost model (scheduler/step_cost.py) fitted on each mode's steps;
-and the BLAS library and kernels that ran. It restarts itself with the NumPy backend's process defaults
-(backends/numpy_backend/process_env.py: OpenBLAS workers stop spinning sooner) unless they are set. To
+attention and the rest). A turn runs steps back to back, as a server does at a steady load: it times its first
+step, runs more for `--warm-ms`, then times `--steps` more, whose median the tables give, with the first steps'
+median beside them ("first ms"). On the shared 2-vCPU VM of docs/PERFORMANCE.md, a step after another mode's
+work, or after the cores idled, is slower, and its successors come down over tens of milliseconds of steps (a
+ramp in time, not in steps: a turn's second step is not yet steady). Then the scheduler's step-cost model
+(scheduler/step_cost.py) fitted on each mode's steps; and the BLAS library and kernels that ran. It restarts
+itself with the NumPy backend's process defaults (backends/numpy_backend/process_env.py: OpenBLAS workers stop
+spinning sooner) unless they are set. To
 benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
 this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
 """
@@ -183,14 +188,36 @@ def weights_rss_mib(weights: str) -> float:
     return float(done.stdout.strip())
 
 
-def decode_tables(modes: list[Mode], repeats: int, timer: AttentionTimer) -> dict[str, dict[int, StepTiming]]:
-    """Medians per mode and batch size; modes and batch sizes take turns, round after round."""
-    runs: dict[tuple[str, int], list[StepTiming]] = {(m.name, b): [] for m in modes for b in BATCHES}
+Tables = dict[str, dict[int, StepTiming]]  # per mode, per batch size
+
+
+@dataclass(frozen=True)
+class Turn:
+    warm_s: float  # untimed steps after the first, for at least this long
+    steps: int  # then timed
+
+
+def take_turn(backend: NumpyBackend, batch: int, timer: AttentionTimer, turn: Turn) -> list[StepTiming]:
+    """The turn's first step, then its steady ones."""
+    first, start = decode_step(backend, batch, timer), time.perf_counter()
+    while time.perf_counter() - start < turn.warm_s:
+        decode_step(backend, batch, timer)
+    return [first, *(decode_step(backend, batch, timer) for _ in range(turn.steps))]
+
+
+def decode_tables(modes: list[Mode], repeats: int, turn: Turn, timer: AttentionTimer) -> tuple[Tables, Tables]:
+    """Medians per mode and batch size, of the steady steps and of the turns' first steps; modes and batch sizes
+    take turns, round after round."""
+    steady: dict[tuple[str, int], list[StepTiming]] = {(m.name, b): [] for m in modes for b in BATCHES}
+    first: dict[tuple[str, int], list[StepTiming]] = {(m.name, b): [] for m in modes for b in BATCHES}
     for _ in range(repeats):
         for mode in modes:
             for batch in BATCHES:
-                runs[(mode.name, batch)].append(decode_step(mode.backend, batch, timer))
-    return {m.name: {b: _median(runs[(m.name, b)]) for b in BATCHES} for m in modes}
+                steps = take_turn(mode.backend, batch, timer, turn)
+                first[(mode.name, batch)].append(steps[0])
+                steady[(mode.name, batch)].extend(steps[1:])
+    return ({m.name: {b: _median(steady[(m.name, b)]) for b in BATCHES} for m in modes},
+            {m.name: {b: _median(first[(m.name, b)]) for b in BATCHES} for m in modes})
 
 
 def _median(timings: list[StepTiming]) -> StepTiming:
@@ -203,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--modes", default="float32,gguf,gguf-fast", help="of " + ", ".join(MODES))
+    parser.add_argument("--warm-ms", type=float, default=150.0, help="steps run untimed in each turn, in ms")
+    parser.add_argument("--steps", type=int, default=3, help="steps timed in each turn after the warm-up")
     args = parser.parse_args(argv)
     reexec_with_defaults("bench.backend_step")
     modes = build_modes(args.modes.split(","))
@@ -214,8 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     forward = modes[0].backend.forward
     print(f"decode attention: {getattr(forward.decode_attention, '__qualname__', '?')}; projections: "
           f"{getattr(forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); fused C "
-          f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: "
-          f"{'AMX tiles' if NativeMatmul(fast=True).fast else 'no AMX here: the exact kernels'}")
+          f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: {NativeMatmul(fast=True).fast_paths()}")
     print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
     rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
     prefill = {}
@@ -225,13 +253,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{mode.streamed / read * 1e3:.1f} ms at the read bandwidth; weights resident "
               f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at {PREFILL} tokens "
               f"{prefill_note(mode.backend, prefill[mode.name])}")
-    tables = decode_tables(modes, args.repeats, timer)
-    print_tables(modes, tables, read)
+    tables, first = decode_tables(modes, args.repeats, Turn(args.warm_ms / 1e3, max(1, args.steps)), timer)
+    print_tables(modes, tables, first, read)
     print_cost_fits(modes, tables, prefill)
 
 
-def print_cost_fits(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], prefill: dict[str, float]
-                    ) -> None:
+def print_cost_fits(modes: list[Mode], tables: Tables, prefill: dict[str, float]) -> None:
     """The scheduler's step-cost model fitted on each mode's measured steps (the decode steps above and the
     prefill), from the backend's guess: what an ITL target plans with on this machine."""
     pairs = PREFILL * (PREFILL + 1) // 2
@@ -245,16 +272,17 @@ def print_cost_fits(modes: list[Mode], tables: dict[str, dict[int, StepTiming]],
         print(f"{mode.name:>10} step-cost fit, ms per {per}")
 
 
-def print_tables(modes: list[Mode], tables: dict[str, dict[int, StepTiming]], read: float) -> None:
-    first = modes[0].name
-    print(f"{'mode':>10} {'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x ' + first:>12} {'attn %':>7} "
-          f"{'step/floor':>10}   fused step, ms: projections attention other")
+def print_tables(modes: list[Mode], tables: Tables, first: Tables, read: float) -> None:
+    base = modes[0].name
+    print(f"{'mode':>10} {'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x ' + base:>12} {'attn %':>7} "
+          f"{'step/floor':>10} {'first ms':>9}   fused step, ms: projections attention other")
     for mode in modes:
         for batch, timing in tables[mode.name].items():
-            rate, ratio = batch / timing.seconds, tables[first][batch].seconds / timing.seconds
+            rate, ratio = batch / timing.seconds, tables[base][batch].seconds / timing.seconds
             parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
             print(f"{mode.name:>10} {batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {ratio:>12.2f} "
-                  f"{timing.attention_share * 100:>7.1f} {timing.seconds / (mode.streamed / read):>10.2f}   {parts}")
+                  f"{timing.attention_share * 100:>7.1f} {timing.seconds / (mode.streamed / read):>10.2f} "
+                  f"{first[mode.name][batch].seconds * 1e3:>9.1f}   {parts}")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_model(stored=STORED_TYPES)
     exact, fast = (NumpyBackend(model, "auto", precision) for precision in ("exact", "fast"))
-    print(f"fast precision: {fast_paths(NativeMatmul(fast=True))}")
+    print(f"fast precision: {NativeMatmul(fast=True).fast_paths()}")
     ids = prompts(model, args.prompts)
     together = agreement(greedy(exact, model, ids, args.tokens), greedy(fast, model, ids, args.tokens), args.tokens)
     alone = agreement(greedy_alone(exact, model, ids, args.tokens), greedy_alone(fast, model, ids, args.tokens),
@@ -124,12 +124,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(["batched, " + together.lines()[0], "alone, " + alone.lines()[0],
                      f"target (perplexity within 1 %): {'met' if met else 'NOT met'}"]))
     return 0 if met else 1
-
-
-def fast_paths(matmul: NativeMatmul) -> str:
-    tiles = "bfloat16 products on AMX tiles" if matmul.fast_uses_tiles else "exact (no AMX tiles)"
-    small = "8-bit x, integer dot products" if matmul.fast_small_steps else "exact (no AVX2)"
-    return f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}"
 
 
 if __name__ == "__main__":

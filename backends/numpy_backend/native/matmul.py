@@ -66,6 +66,12 @@ class NativeMatmul:
                 f"native matmul: status {status} for x {x.shape}, w {w.shape}")
         return out
 
+    def fast_paths(self) -> str:
+        """What the fast precision runs on this machine, in words."""
+        tiles = "bfloat16 products on AMX tiles" if self.fast_uses_tiles else "exact (no AMX tiles)"
+        small = "8-bit x, integer dot products" if self.fast_small_steps else "exact (no AVX2)"
+        return f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}"
+
     def dense(self, w: Matrix) -> np.ndarray:
         """w as float32: itself, or dequantized by the kernels' threads when the C kernel reads its type."""
         if not isinstance(w, QuantMatrix):
