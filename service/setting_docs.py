@@ -76,7 +76,8 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "dtype)", choices=WEIGHTS),
     "backend.cpu_precision": SettingDoc(
         "numpy only: exact (float32 arithmetic on the exactly dequantized weights), fast (bfloat16 products "
-        "for batches, on AMX; docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
+        "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4 weights; "
+        "docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
     "backend.sim_profile": SettingDoc("sim only: the hardware whose step times are simulated",
                                       choices=tuple(PROFILES)),
     "backend.sim_clock": SettingDoc("sim only: real (steps take real time) or virtual (a counter advances)",

@@ -33,8 +33,8 @@ class CpuKernels:
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact") -> CpuKernels:
     """mode "numpy": the references; "native": the C kernels or an error; "auto": each C kernel when it
     builds and loads, and the attention and fused-step kernels when they support the model's shape.
-    precision "fast": the C projections of batches in bfloat16 products where the CPU has AMX (fast_matmul.h);
-    the NumPy kernels have no fast precision."""
+    precision "fast": the C projections of batches in bfloat16 products where the CPU has AMX, of steps of 1-3
+    rows on Q4 weights in 8-bit integers (fast_matmul.h); the NumPy kernels have no fast precision."""
     fast = precision == "fast"
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)

@@ -2,17 +2,18 @@
 
     python -m bench.experiments.weights [--rounds 3] [--requests 6]
 
-Two `pagedserve serve` processes on the NumPy backend and the default model, one `--weights gguf`, one
-`--weights float32`, both up for the whole run; one client (concurrency 1) sends 128-token random prompts
-asking for 128 tokens, `--requests` to one server, then as many to the other, round after round, so a host
-that speeds up or slows down moves both alike. Prints TTFT and TPOT (p50, p90) per mode over every round and
-the gguf / float32 ratio of TPOT p50 (the target: at most 0.5).
+Three `pagedserve serve` processes on the NumPy backend and the default model, `--weights gguf`, `--weights
+gguf --cpu-precision fast` and `--weights float32`, all up for the whole run; one client (concurrency 1) sends
+128-token random prompts asking for 128 tokens, `--requests` to one server, then as many to the next, round
+after round, so a host that speeds up or slows down moves all alike. Prints TTFT and TPOT (p50, p90) per mode
+over every round, the gguf / float32 ratio of TPOT p50 (the target: at most 0.5) and the fast / exact one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 from collections.abc import Sequence
 
@@ -22,7 +23,8 @@ from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
 from bench.stats import pct
 
-MODES = ("gguf", "float32")
+MODES = {"gguf": ["--weights", "gguf"], "gguf-fast": ["--weights", "gguf", "--cpu-precision", "fast"],
+         "float32": ["--weights", "float32"]}
 WORKLOAD = RandomWorkload(Lengths(128), Lengths(128), seed=0)
 
 
@@ -38,12 +40,13 @@ async def one_round(urls: dict[str, str], requests: int, first: bool) -> dict[st
 
 
 def report(samples: dict[str, tuple[list[float], list[float]]]) -> list[str]:
-    lines = [f"{'weights':>8} {'requests':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9}"]
+    lines = [f"{'weights':>9} {'requests':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9}"]
     for mode, (ttft, tpot) in samples.items():
-        lines.append(f"{mode:>8} {len(tpot):>8} {pct(ttft, .5) * 1e3:>7.1f}ms {pct(ttft, .9) * 1e3:>7.1f}ms "
+        lines.append(f"{mode:>9} {len(tpot):>8} {pct(ttft, .5) * 1e3:>7.1f}ms {pct(ttft, .9) * 1e3:>7.1f}ms "
                      f"{pct(tpot, .5) * 1e3:>7.2f}ms {pct(tpot, .9) * 1e3:>7.2f}ms")
-    ratio = statistics.median(samples["gguf"][1]) / statistics.median(samples["float32"][1])
-    lines.append(f"TPOT p50 gguf / float32: {ratio:.2f} (target: at most 0.5)")
+    p50 = {mode: statistics.median(samples[mode][1]) for mode in samples}
+    lines.append(f"TPOT p50 gguf / float32: {p50['gguf'] / p50['float32']:.2f} (target: at most 0.5); "
+                 f"gguf fast / exact: {p50['gguf-fast'] / p50['gguf']:.2f}")
     return lines
 
 
@@ -53,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=6, help="per mode and round")
     args = parser.parse_args(argv)
     base = ["--backend", "numpy", "--max-num-seqs", "4"]
-    with Server([*base, "--weights", "gguf"]) as gguf, Server([*base, "--weights", "float32"]) as f32:
-        urls = {"gguf": gguf.url, "float32": f32.url}
+    with contextlib.ExitStack() as stack:
+        urls = {mode: stack.enter_context(Server([*base, *flags])).url for mode, flags in MODES.items()}
         samples: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in MODES}
         for r in range(args.rounds):
             for mode, (ttft, tpot) in asyncio.run(one_round(urls, args.requests, r == 0)).items():

@@ -180,7 +180,7 @@ static inline __attribute__((always_inline)) void q8_strip_type(const Q8Rows *x,
 /* `ahead`: the bytes of the strip after the next, prefetched into L2 a few lines a block (one block of each of
  * four rows at a time is a pattern the hardware prefetcher does not follow). The next strip's are too close:
  * at the bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in less than a memory access
- * takes, and a batch-1 step's projections took 3.7-4.0 ms instead of 3.0-3.2. */
+ * takes, and the projections waited on memory. */
 static void q8_strip(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                      int add, int strip) {
     const int64_t next = first + strip + Q8_STRIP, rows = n - next < Q8_STRIP ? n - next : Q8_STRIP;
