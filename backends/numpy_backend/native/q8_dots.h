@@ -46,7 +46,9 @@ static inline Q8Rows q8_rows_in(void *buffer, int64_t m, int64_t k) {
     return r;
 }
 
-/* Block c (32 floats at x) rounded: qx = round-to-nearest-even(x / dx), as NumPy's rint of x * (1 / dx). */
+/* Block c (32 floats at x) rounded: qx = round-to-nearest-even(x / dx), as NumPy's rint of x * (1 / dx). (A block
+ * whose largest value is below ~4e-37 has a subnormal dx, whose inverse is inf: its qx are then -128 where NumPy's
+ * are undefined, and its products, times dx, are below 1e-36.) */
 static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], big = _mm256_setzero_ps();
@@ -214,6 +216,7 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
 #else
 #define Q8_DOTS 0
 static inline int q8_reads(int32_t type) { return (void)type, 0; }
+static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return (void)m, (void)k, 0; }
 #endif
 
 #endif
