@@ -209,22 +209,28 @@ def test_an_avx2_build_gives_the_small_steps_the_same_floats(fast: NativeMatmul,
             np.testing.assert_array_equal(haswell.project(x, w), fast.project(x, w))
 
 
+def decode_after_prompts(model: LoadedModel, precision: str, count: int) -> np.ndarray:
+    """The logits of one decode step of `count` sequences, each after a 5-token prompt of its own."""
+    backend = NumpyBackend(model, "native", precision)
+    backend.init_cache(8 * count, 16)
+    seqs = [SeqState(blocks=[2 * i, 2 * i + 1]) for i in range(count)]
+    backend.compute_logits(make_batch(seqs, [[200 + 7 * i + j for j in range(5)] for i in range(count)], 16))
+    seqs = [SeqState(blocks=s.blocks, tokens=[0] * 5) for s in seqs]
+    return backend.compute_logits(make_batch(seqs, [[205 + i] for i in range(count)], 16))
+
+
 @needs_small_steps
-def test_a_lone_sequence_decodes_on_8_bit_x(model: LoadedModel) -> None:
-    """A decode step of one row through the default model (the 8-bit path in every layer's projections): its
-    logits differ from the exact ones (the path ran) by little, and three chat prompts, each decoded
-    alone for 12 tokens, mostly follow the exact precision's greedy tokens."""
+def test_decode_steps_of_one_to_three_rows_run_on_8_bit_x(model: LoadedModel) -> None:
+    """Decode steps of one and of three rows through the default model (the 8-bit path in every layer's
+    projections, those that add into the residual too): their logits differ from the exact ones (the path ran)
+    by little; and three chat prompts, each decoded alone for 12 tokens, mostly follow the exact precision's
+    greedy tokens."""
     from bench.precision import agreement, greedy_alone, prompts  # noqa: PLC0415 - the benchmark's own helpers
 
-    logits = []
-    for precision in ("exact", "fast"):
-        backend = NumpyBackend(model, "native", precision)
-        backend.init_cache(8, 16)
-        backend.compute_logits(make_batch([SeqState(blocks=[0, 1])], [[200, 201, 202, 203, 204]], 16))
-        logits.append(backend.compute_logits(make_batch([SeqState(blocks=[0, 1], tokens=[0] * 5)], [[205]], 16)))
-    exact_logits, fast_logits = logits
-    assert not np.array_equal(exact_logits, fast_logits)
-    assert np.abs(fast_logits - exact_logits).max() < 0.05 * np.abs(exact_logits).max()
+    for count in (1, 3):  # one row, and three (the most the 8-bit path takes)
+        exact_logits, fast_logits = (decode_after_prompts(model, precision, count) for precision in ("exact", "fast"))
+        assert not np.array_equal(exact_logits, fast_logits)
+        assert np.abs(fast_logits - exact_logits).max() < 0.05 * np.abs(exact_logits).max()
     ids = prompts(model, 3)
     outs = [greedy_alone(NumpyBackend(model, "native", p), model, ids, 12) for p in ("exact", "fast")]
     matched = agreement(*outs, 12).matched

@@ -52,7 +52,10 @@ static inline Q8Rows q8_rows_in(void *buffer, int64_t m, int64_t k) {
 static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], big = _mm256_setzero_ps();
-    for (int u = 0; u < 4; u++) v[u] = _mm256_loadu_ps(x + 8 * u), big = _mm256_max_ps(big, _mm256_andnot_ps(sign, v[u]));
+    for (int u = 0; u < 4; u++) {
+        v[u] = _mm256_loadu_ps(x + 8 * u);
+        big = _mm256_max_ps(big, _mm256_andnot_ps(sign, v[u]));
+    }
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(big), _mm256_extractf128_ps(big, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), scale = amax / 127.0f;
@@ -179,10 +182,11 @@ static inline __attribute__((always_inline)) void q8_strip_type(const Q8Rows *x,
     }
 }
 
-/* `ahead`: the bytes of the strip after the next, prefetched into L2 a few lines a block (one block of each of
- * four rows at a time is a pattern the hardware prefetcher does not follow). The next strip's are too close:
- * at the bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in less than a memory access
- * takes, and the projections waited on memory. */
+/* One strip (`strip` rows from `first`: Q8_STRIP, or 1 past the last whole strip) for every row of x, while the
+ * bytes of the strip after the next are prefetched into L2, a few lines a block (one block of each of four
+ * rows at a time is a pattern the hardware prefetcher does not follow). The next strip's are too close: at the
+ * bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in less than a memory access takes, and
+ * the projections waited on memory. */
 static void q8_strip(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                      int add, int strip) {
     const int64_t next = first + strip + Q8_STRIP, rows = n - next < Q8_STRIP ? n - next : Q8_STRIP;
