@@ -15,9 +15,8 @@ work, or after the cores idled, is slower, and its successors come down over ten
 ramp in time, not in steps: a turn's second step is not yet steady). Then the scheduler's step-cost model
 (scheduler/step_cost.py) fitted on each mode's steps; and the BLAS library and kernels that ran. It restarts
 itself with the NumPy backend's process defaults (backends/numpy_backend/process_env.py: OpenBLAS workers stop
-spinning sooner) unless they are set. To
-benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE, unset it (and OPENBLAS_L2_SIZE) for
-this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
+spinning sooner) unless they are set. To benchmark the fastest kernel on a machine that pins OPENBLAS_CORETYPE,
+unset it (and OPENBLAS_L2_SIZE) for this command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ...`.
 """
 
 from __future__ import annotations
