@@ -19,8 +19,7 @@
 
 #include <stdint.h>
 
-#include "matmul.h"
-#include "quant.h"
+#include "quant_wide.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define Q8_DOTS 1
@@ -189,8 +188,7 @@ static inline __attribute__((always_inline)) void q8_strip_type(const Q8Rows *x,
  * the projections waited on memory. */
 static void q8_strip(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                      int add, int strip) {
-    const int64_t next = first + strip + Q8_STRIP, rows = n - next < Q8_STRIP ? n - next : Q8_STRIP;
-    Ahead ahead = ahead_bytes(weights_row(w, rows > 0 ? next : 0), rows > 0 ? rows * w->row_bytes : 0, k / QBLOCK);
+    Ahead ahead = stored_rows_ahead(w, n, first + strip + Q8_STRIP, Q8_STRIP, k / QBLOCK);
 #define Q8_STRIP_OF(T)                                                                                              \
     if (strip == Q8_STRIP) q8_strip_type(x, w, y, m, k, n, first, add, &ahead, Q8_STRIP, T);                       \
     else q8_strip_type(x, w, y, m, k, n, first, add, &ahead, 1, T)

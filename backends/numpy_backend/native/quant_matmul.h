@@ -115,10 +115,8 @@ static float row_dot_any(const float *x, const uint8_t *row, int32_t type, int64
 static void project_strips_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                              int64_t first, int64_t count, int add, float *buf) {
     const int wide = quant_wide_for(w->type, k);
-    const int64_t next = (first + count) * STRIP, ahead_rows = n - next < count * STRIP ? n - next : count * STRIP;
     const int64_t blocks = wide ? wide_blocks(m, count * STRIP) : (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count;
-    Ahead ahead = ahead_bytes(weights_row(w, next < n ? next : 0), ahead_rows > 0 ? ahead_rows * w->row_bytes : 0,
-                              blocks);
+    Ahead ahead = stored_rows_ahead(w, n, (first + count) * STRIP, count * STRIP, blocks);
     for (int64_t r = 0; r < count * STRIP; r++) {
 #if QUANT_WIDE
         if (nibble_ordered(w->type)) {

@@ -14,11 +14,17 @@
 #include "matmul.h"
 #include "quant.h"
 
-/* The prefetches of tile t's successor (the next TILE weight rows, fewer at the end of w), spread over the
- * tile's `blocks` blocks: a block of each row at a time is a pattern the hardware prefetcher does not follow. */
+/* The prefetches of stored weight rows `row` .. row + rows - 1 (fewer at the end of w, none past it), spread
+ * over `blocks` steps of the work before them. */
+static inline Ahead stored_rows_ahead(const Weights *w, int64_t n, int64_t row, int64_t rows, int64_t blocks) {
+    const int64_t count = n - row < rows ? n - row : rows;
+    return ahead_bytes(weights_row(w, count > 0 ? row : 0), count > 0 ? count * w->row_bytes : 0, blocks);
+}
+
+/* The prefetches of tile t's successor (the next TILE weight rows), spread over the tile's `blocks` blocks: a
+ * block of each row at a time is a pattern the hardware prefetcher does not follow. */
 static inline Ahead next_tile_ahead(const Weights *w, int64_t n, int64_t t, int64_t blocks) {
-    const int64_t next = (t + 1) * TILE, rows = n - next < TILE ? n - next : TILE;
-    return ahead_bytes(weights_row(w, rows > 0 ? next : 0), rows > 0 ? rows * w->row_bytes : 0, blocks);
+    return stored_rows_ahead(w, n, (t + 1) * TILE, TILE, blocks);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
