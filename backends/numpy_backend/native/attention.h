@@ -270,9 +270,10 @@ static inline int64_t row_of(const int64_t *which, int64_t i) { return which != 
 
 /* Attention for work claimed from `counter` (0 at the start) until all `rows` are done: row r (which[i] for
  * the i-th; which NULL: i) has its query at q + r * q_stride, its block table at tables + r * s->table_stride,
- * its context lens[r], its output at out + r * out_stride. Each row is `split` pieces of work, each piece some of its kv heads (1: whole rows):
- * a step of fewer rows than threads splits them so that no thread idles (batch 1: one thread attended while
- * the other waited at the barrier). While one row runs, the keys of the thread's next one are prefetched. */
+ * its context lens[r], its output at out + r * out_stride. Each row is `split` pieces of work, each piece some
+ * of its kv heads (1: whole rows): a step of fewer rows than threads splits them so that no thread idles
+ * (batch 1: one thread attended while the other waited at the barrier). While one row runs, the keys of the
+ * thread's next one are prefetched. */
 static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_stride, const float *k_layer,
                            const float *v_layer, const int32_t *tables, const int32_t *lens, float *out,
                            int64_t out_stride, int64_t rows, const int64_t *which, int64_t split, int64_t *counter,

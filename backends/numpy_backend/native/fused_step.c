@@ -224,10 +224,10 @@ static int64_t widest_input(const ModelShape *m) {
 
 /* x: (rows, hidden), the rows' token embeddings in, their final hidden states (before the final norm) out;
  * the new K and V of every layer are written to their slots; the rows of one sequence's chunk (seq_first) attend
- * together. `fast`: the projections in the fast precision
- * (fast_matmul.h), else exact. seconds[TIME_PARTS] gets the time spent in the projections, the attention and
- * the rest (overwritten). Returns 0; -1 out of memory; -2 unsupported shape; -3 a context length outside
- * 1..table_stride * block_size; -5 a slot or block outside the cache. */
+ * together. `fast`: the projections in the fast precision (fast_matmul.h), else exact. seconds[TIME_PARTS] gets
+ * the time spent in the projections, the attention and the rest (overwritten). Returns 0; -1 out of memory; -2
+ * unsupported shape; -3 a context length outside 1..table_stride * block_size; -5 a slot or block outside the
+ * cache. */
 int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds,
                    int fast) {
     int64_t total;
