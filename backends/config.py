@@ -8,6 +8,7 @@ BACKEND_NAMES = ("numpy", "cupy", "sim")
 CPU_KERNELS = ("auto", "native", "numpy")
 WEIGHTS = ("gguf", "float32")
 CPU_PRECISIONS = ("exact", "fast")
+KV_CACHE_DTYPES = ("float32", "float16")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class BackendConfig:
     cpu_kernels: str = "auto"  # numpy only: auto (C kernels, NumPy if no compiler) | native | numpy
     weights: str = "gguf"  # gguf: each matrix as the file stores it (where a kernel reads its type) | float32
     cpu_precision: str = "exact"  # numpy only: exact (float32 arithmetic) | fast (bfloat16 products, batches)
+    kv_cache_dtype: str = "float32"  # numpy only: float32 | float16 (half the KV bytes; cupy's cache is in dtype)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):
@@ -33,6 +35,8 @@ class BackendConfig:
             raise ValueError(f"weights must be one of {WEIGHTS}, not {self.weights!r}")
         if self.cpu_precision not in CPU_PRECISIONS:
             raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, not {self.cpu_precision!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if self.sim_faults:  # a typo fails at start-up, naming the item
             from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
 

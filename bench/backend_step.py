@@ -1,7 +1,9 @@
 """NumPy backend step benchmark: memory bandwidth, prefill throughput, decode step time by batch size, for the
-weights dequantized to float32 and kept as the GGUF stores them (exact and fast precision), side by side.
+weights dequantized to float32 and kept as the GGUF stores them (exact and fast precision; each also over a
+float16 KV cache, "-kv16"), side by side.
 
-    python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast] [--warm-ms 150] [--steps 3]
+    python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast,gguf-kv16,gguf-fast-kv16]
+                                 [--warm-ms 150] [--steps 3]
 
 Prints the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
 them once at the read bandwidth (the floor for a batch-1 decode step) and the resident memory the weights take
@@ -154,15 +156,18 @@ class Mode:
     streamed: int  # bytes a decode step reads: the layer matrices and the output head
 
 
-MODES = {"float32": ("float32", "exact"), "gguf": ("gguf", "exact"), "gguf-fast": ("gguf", "fast")}
+# name -> weights, CPU precision, KV cache dtype
+MODES = {"float32": ("float32", "exact", "float32"), "gguf": ("gguf", "exact", "float32"),
+         "gguf-fast": ("gguf", "fast", "float32"), "gguf-kv16": ("gguf", "exact", "float16"),
+         "gguf-fast-kv16": ("gguf", "fast", "float16")}
 
 
 def build_modes(names: list[str]) -> list[Mode]:
     models = {w: load_model(stored=STORED_TYPES if w == "gguf" else ()) for w in {MODES[n][0] for n in names}}
     modes = []
     for name in names:
-        weights, precision = MODES[name]
-        backend = NumpyBackend(models[weights], "auto", precision)
+        weights, precision, kv_dtype = MODES[name]
+        backend = NumpyBackend(models[weights], "auto", precision, kv_dtype)
         backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
         modes.append(Mode(name, backend, models[weights].weights.streamed_bytes))
     return modes
@@ -228,7 +233,7 @@ def _median(timings: list[StepTiming]) -> StepTiming:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--modes", default="float32,gguf,gguf-fast", help="of " + ", ".join(MODES))
+    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
     parser.add_argument("--warm-ms", type=float, default=150.0, help="steps run untimed in each turn, in ms")
     parser.add_argument("--steps", type=int, default=3, help="steps timed in each turn after the warm-up")
     args = parser.parse_args(argv)
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     prefill = {}
     for mode in modes:
         prefill[mode.name] = prefill_rate(mode.backend)
-        print(f"{mode.name:>10}: streamed per decode step {mode.streamed / 1e6:.0f} MB -> floor "
+        print(f"{mode.name:>14}: streamed per decode step {mode.streamed / 1e6:.0f} MB -> floor "
               f"{mode.streamed / read * 1e3:.1f} ms at the read bandwidth; weights resident "
               f"{rss[MODES[mode.name][0]]:.0f} MiB; prefill at {PREFILL} tokens "
               f"{prefill_note(mode.backend, prefill[mode.name])}")
@@ -268,18 +273,18 @@ def print_cost_fits(modes: list[Mode], tables: Tables, prefill: dict[str, float]
         x = np.array([shape.features(prior.large_above) for shape, _ in steps])
         fitted = fit(x, np.array([s for _, s in steps]), prior, 2.0, 64.0)
         per = ", ".join(f"{name} {value * 1e3:.4g}" for name, value in zip(FEATURES, fitted.values(), strict=True))
-        print(f"{mode.name:>10} step-cost fit, ms per {per}")
+        print(f"{mode.name:>14} step-cost fit, ms per {per}")
 
 
 def print_tables(modes: list[Mode], tables: Tables, first: Tables, read: float) -> None:
     base = modes[0].name
-    print(f"{'mode':>10} {'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x ' + base:>12} {'attn %':>7} "
+    print(f"{'mode':>14} {'batch':>5} {'step ms':>9} {'tokens/s':>9} {'x ' + base:>12} {'attn %':>7} "
           f"{'step/floor':>10} {'first ms':>9}   fused step, ms: projections attention other")
     for mode in modes:
         for batch, timing in tables[mode.name].items():
             rate, ratio = batch / timing.seconds, tables[base][batch].seconds / timing.seconds
             parts = " ".join(f"{timing.parts[p] * 1e3:>6.1f}" for p in STAGES) if len(timing.parts) > 1 else "-"
-            print(f"{mode.name:>10} {batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {ratio:>12.2f} "
+            print(f"{mode.name:>14} {batch:>5} {timing.seconds * 1e3:>9.1f} {rate:>9.1f} {ratio:>12.2f} "
                   f"{timing.attention_share * 100:>7.1f} {timing.seconds / (mode.streamed / read):>10.2f} "
                   f"{first[mode.name][batch].seconds * 1e3:>9.1f}   {parts}")
 

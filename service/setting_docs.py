@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from backends.config import CPU_KERNELS, CPU_PRECISIONS, WEIGHTS
+from backends.config import CPU_KERNELS, CPU_PRECISIONS, KV_CACHE_DTYPES, WEIGHTS
 from backends.sim_backend.clock import CLOCKS
 from backends.sim_backend.profiles import MODEL_SHAPES, PROFILES
 from kvpool.config import KV_LAYOUTS
@@ -78,6 +78,10 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "numpy only: exact (float32 arithmetic on the exactly dequantized weights), fast (bfloat16 products "
         "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4 weights; "
         "docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
+    "backend.kv_cache_dtype": SettingDoc(
+        "numpy only: the KV cache's element type; float16 holds twice the tokens in kv_cache_memory and halves "
+        "the bytes attention reads, each value rounded once as it is stored (docs/CONFIG.md: KV cache in "
+        "float16); cupy's cache is in dtype", choices=KV_CACHE_DTYPES),
     "backend.sim_profile": SettingDoc("sim only: the hardware whose step times are simulated",
                                       choices=tuple(PROFILES)),
     "backend.sim_clock": SettingDoc("sim only: real (steps take real time) or virtual (a counter advances)",

@@ -24,9 +24,11 @@ class NumpyBackend:
     clock: Clock | None = None  # wall time
     step_is_instant = False  # a step computes for milliseconds: off the event loop
 
-    def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact") -> None:
+    def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact",
+                 kv_cache_dtype: str = "float32") -> None:
         self.model = model
         self.cpu_precision = cpu_precision
+        self.kv_dtype = np.dtype(kv_cache_dtype)  # float16: stored rounded, widened exactly as attention reads it
         cfg = model.config
         report_dequantized(model.weights.dequantized)
         kernels = choose_kernels(cpu_kernels, cfg, model.weights, cpu_precision)
@@ -49,7 +51,7 @@ class NumpyBackend:
     @property
     def kv_geometry(self) -> KVGeometry:
         cfg = self.model.config
-        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=4)
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.kv_dtype.itemsize)
 
     @property
     def cache(self) -> PagedKVCache:
@@ -59,7 +61,8 @@ class NumpyBackend:
 
     def init_cache(self, num_blocks: int, block_size: int) -> None:
         geo = self.kv_geometry
-        self._cache = PagedKVCache.allocate(geo.num_layers, num_blocks, block_size, geo.num_kv_heads, geo.head_dim)
+        self._cache = PagedKVCache.allocate(geo.num_layers, num_blocks, block_size, geo.num_kv_heads, geo.head_dim,
+                                            self.kv_dtype)
 
     def compute_logits(self, batch: StepBatch) -> np.ndarray:
         """(S, vocab) float32 logits for the sequences in `batch.sample_rows`."""

@@ -1,4 +1,5 @@
-"""The paged KV cache as NumPy arrays: per layer, K and V shaped (num_blocks, block_size, kv_heads, head_dim)."""
+"""The paged KV cache as NumPy arrays: per layer, K and V shaped (num_blocks, block_size, kv_heads, head_dim), in
+float32 or float16 (a write rounds to nearest even; attention widens each value back to float32 exactly)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class PagedKVCache:
 
     @classmethod
     def allocate(cls, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: type = np.float32) -> PagedKVCache:
+                 dtype: np.dtype | type = np.float32) -> PagedKVCache:
         shape = (num_blocks, block_size, kv_heads, head_dim)
         return cls([np.zeros(shape, dtype) for _ in range(num_layers)],
                    [np.zeros(shape, dtype) for _ in range(num_layers)])

@@ -42,8 +42,10 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 class Pair:
     """The NumPy reference backend and the fused one, with the same paged cache."""
 
-    def __init__(self, model: LoadedModel, num_blocks: int, block_size: int, seed: int = 0) -> None:
-        self.reference, self.fused = NumpyBackend(model, "numpy"), NumpyBackend(model, "native")
+    def __init__(self, model: LoadedModel, num_blocks: int, block_size: int, seed: int = 0,
+                 kv_cache_dtype: str = "float32") -> None:
+        self.reference, self.fused = (NumpyBackend(model, kernels, kv_cache_dtype=kv_cache_dtype)
+                                      for kernels in ("numpy", "native"))
         for backend in (self.reference, self.fused):
             backend.init_cache(num_blocks, block_size)
         self.block_size, self.num_blocks, self.rng = block_size, num_blocks, np.random.default_rng(seed)
@@ -81,12 +83,13 @@ class Pair:
         return calls
 
 
-def assert_same_step(pair: Pair, batch: StepBatch) -> None:
+def assert_same_step(pair: Pair, batch: StepBatch, kv_tol: float = TOL, logits_tol: float = LOGITS_TOL) -> None:
+    """The logits, and the K/V both wrote."""
     np.testing.assert_allclose(pair.fused.compute_logits(batch), pair.reference.compute_logits(batch),
-                               atol=LOGITS_TOL, rtol=0)
+                               atol=logits_tol, rtol=0)
     for name in ("keys", "values"):
         for fused, ref in zip(getattr(pair.fused.cache, name), getattr(pair.reference.cache, name), strict=True):
-            np.testing.assert_allclose(fused, ref, atol=TOL, rtol=0)
+            np.testing.assert_allclose(fused.astype(np.float32), ref.astype(np.float32), atol=kv_tol, rtol=0)
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])

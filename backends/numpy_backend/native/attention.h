@@ -5,7 +5,8 @@
  * blocks into a padded copy and runs two batched matmuls; here each (sequence, kv head) pair reads its keys
  * and values straight from the block pool once, for all the query heads that share that kv head (GQA), so
  * nothing is copied and no padding is computed. Cache layout, per layer: (num_blocks, block_size, kv_heads,
- * head_dim) float32, rows contiguous. Query heads h = kv_head * group + g, as in the reference.
+ * head_dim), rows contiguous, in float32 or float16 (kv_half: half the bytes to read, each value widened exactly
+ * to float32 as it is loaded). Query heads h = kv_head * group + g, as in the reference.
  *
  * Softmax is exact and two-pass (scores first, then exp and the weighted sum), in float32 with the max
  * subtracted, matching the reference to float32 rounding.
@@ -17,6 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "half.h"
 #include "simd.h"
 
 typedef int32_t vec8i __attribute__((vector_size(32)));
@@ -26,35 +28,44 @@ typedef struct {
     int64_t heads, kv_heads, head_dim, block_size, table_stride;
     float scale;
     int64_t kv_first, kv_count; /* the kv heads (and their query heads) to attend: 0, 0 means all */
+    int64_t kv_half;            /* 1: the cache holds float16, 0: float32 */
 } DecodeShape;
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Bytes of one cached value, and 8 values c * 8 .. c * 8 + 7 of a cached row as floats. Inlined into copies for
+ * each element type (attend_dispatch), so the branch is gone from the loops. */
+INLINE int64_t kv_bytes(int half) { return half ? 2 : 4; }
+INLINE vec8 kv_load8(const char *row, int64_t c, int half) {
+    return half ? deq8_f16((const uint8_t *)row + c * 16) : *(const vec8 *)(row + c * 32);
+}
 
 /* The kv heads [first, first + count) that `s` attends. */
 static inline int64_t kv_first(const DecodeShape *s) { return s->kv_count ? s->kv_first : 0; }
 static inline int64_t kv_end(const DecodeShape *s) { return s->kv_count ? s->kv_first + s->kv_count : s->kv_heads; }
 
 /* Scores of one query against 8 key rows: 8 independent FMA chains, then one hsum8. */
-static inline __attribute__((always_inline)) vec8 scores8(const vec8 *q, const vec8 *const *k, int64_t chunks) {
+INLINE vec8 scores8(const vec8 *q, const char *const *k, int64_t chunks, int half) {
     vec8 acc[LANES];
-    for (int j = 0; j < LANES; j++) acc[j] = q[0] * k[j][0];
+    for (int j = 0; j < LANES; j++) acc[j] = q[0] * kv_load8(k[j], 0, half);
     for (int64_t c = 1; c < chunks; c++)
-        for (int j = 0; j < LANES; j++) acc[j] += q[c] * k[j][c];
+        for (int j = 0; j < LANES; j++) acc[j] += q[c] * kv_load8(k[j], c, half);
     return hsum8(acc);
 }
 
 /* Scores of the group's queries against one key row: scores[g * stride] = scale * q_g . k. Inlined into
  * per-group-size copies (see for_group) so the accumulators live in registers. */
-static inline __attribute__((always_inline)) void row_scores(const vec8 *q, const vec8 *k, int64_t chunks,
-                                                              int64_t group, float scale, float *scores,
-                                                              int64_t stride) {
+INLINE void row_scores(const vec8 *q, const char *k, int64_t chunks, int64_t group, float scale, float *scores,
+                       int64_t stride, int half) {
     vec8 even[MAX_GROUP], odd[MAX_GROUP]; /* two chains per head: the FMAs' latency, not their count, binds */
     for (int64_t g = 0; g < group; g++) even[g] = odd[g] = (vec8){0};
     for (int64_t c = 0; c + 1 < chunks; c += 2)
         for (int64_t g = 0; g < group; g++) {
-            even[g] += q[g * chunks + c] * k[c];
-            odd[g] += q[g * chunks + c + 1] * k[c + 1];
+            even[g] += q[g * chunks + c] * kv_load8(k, c, half);
+            odd[g] += q[g * chunks + c + 1] * kv_load8(k, c + 1, half);
         }
     if (chunks % 2)
-        for (int64_t g = 0; g < group; g++) even[g] += q[g * chunks + chunks - 1] * k[chunks - 1];
+        for (int64_t g = 0; g < group; g++) even[g] += q[g * chunks + chunks - 1] * kv_load8(k, chunks - 1, half);
     for (int64_t g = 0; g < group; g++) scores[g * stride] = scale * hsum(even[g] + odd[g]);
 }
 
@@ -91,31 +102,31 @@ static float exp_and_sum(float *scores, int64_t n) {
     return total + hsum(sums);
 }
 
-#define INLINE static inline __attribute__((always_inline))
-
-/* Walks a sequence's token rows (kv_heads * head_dim floats each) through its block table in order. With
+/* Walks a sequence's token rows (kv_heads * head_dim values each, `row` bytes) through its block table in order. With
  * `prefetch`, each step also prefetches the same row of the next block, so that block arrives while this one
  * is computed: blocks are scattered, which stops the hardware prefetcher at every block's end. */
 typedef struct {
-    const float *layer;
+    const char *layer;
     const int32_t *table;
     int64_t block, offset, blocks, block_size, row;
     int prefetch;
 } RowCursor;
 
-INLINE RowCursor cursor_at_start(const DecodeShape *s, const float *layer, const int32_t *table, int64_t ctx,
-                                 int prefetch) {
+/* Bytes of one token's cached row (every kv head). */
+INLINE int64_t row_bytes(const DecodeShape *s, int half) { return s->kv_heads * s->head_dim * kv_bytes(half); }
+
+INLINE RowCursor cursor_at_start(const DecodeShape *s, const void *layer, const int32_t *table, int64_t ctx,
+                                 int prefetch, int half) {
     const int64_t blocks = (ctx + s->block_size - 1) / s->block_size;
-    return (RowCursor){layer, table, 0, 0, blocks, s->block_size, s->kv_heads * s->head_dim, prefetch};
+    return (RowCursor){layer, table, 0, 0, blocks, s->block_size, row_bytes(s, half), prefetch};
 }
 
-INLINE const float *cursor_next(RowCursor *c) {
-    const float *row = c->layer + ((int64_t)c->table[c->block] * c->block_size + c->offset) * c->row;
+INLINE const char *cursor_next(RowCursor *c) {
+    const char *row = c->layer + ((int64_t)c->table[c->block] * c->block_size + c->offset) * c->row;
     if (c->prefetch && c->block + 1 < c->blocks) {
         const int64_t next = (int64_t)c->table[c->block + 1] * c->block_size + c->offset;
-        const char *ahead = (const char *)(c->layer + next * c->row);
-        for (int64_t byte = 0; byte < c->row * (int64_t)sizeof(float); byte += 64)
-            __builtin_prefetch(ahead + byte, 0, PREFETCH_LOCALITY);
+        const char *ahead = c->layer + next * c->row;
+        for (int64_t byte = 0; byte < c->row; byte += 64) __builtin_prefetch(ahead + byte, 0, PREFETCH_LOCALITY);
     }
     if (++c->offset == c->block_size) {
         c->offset = 0;
@@ -124,38 +135,37 @@ INLINE const float *cursor_next(RowCursor *c) {
     return row;
 }
 
-/* Prefetches one token row (kv_heads * head_dim floats) into L2. */
-static inline void prefetch_row(const float *row, int64_t floats) {
-    for (int64_t byte = 0; byte < floats * (int64_t)sizeof(float); byte += 64)
-        __builtin_prefetch((const char *)row + byte, 0, PREFETCH_LOCALITY);
+/* Prefetches one token row (`bytes` long) into L2. */
+static inline void prefetch_row(const char *row, int64_t bytes) {
+    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, PREFETCH_LOCALITY);
 }
 
 /* scores (heads, ctx) of one sequence, 8 tokens at a time (the tail one by one); every key row is read from
  * memory once, for all the query heads that share it. With each key row, the value row of the same token is
  * prefetched: this pass leaves the bus half idle, and the value pass then finds its rows in L2 (a batch-64
  * step's attention: 36 -> 32 ms). */
-INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const float *k_layer, const int32_t *table,
-                            int64_t ctx, int64_t group, int64_t chunks, float *scores, const float *v_layer) {
-    RowCursor cursor = cursor_at_start(s, k_layer, table, ctx, 1);
-    RowCursor values = cursor_at_start(s, v_layer, table, ctx, 0);
-    const float *rows[LANES];
-    const vec8 *keys[LANES];
+INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const void *k_layer, const int32_t *table,
+                            int64_t ctx, int64_t group, int64_t chunks, float *scores, const void *v_layer, int half) {
+    RowCursor cursor = cursor_at_start(s, k_layer, table, ctx, 1, half);
+    RowCursor values = cursor_at_start(s, v_layer, table, ctx, 0, half);
+    const int64_t head_bytes = s->head_dim * kv_bytes(half);
+    const char *rows[LANES], *keys[LANES];
     int64_t t = 0;
     for (; t + LANES <= ctx; t += LANES) {
         for (int j = 0; j < LANES; j++) rows[j] = cursor_next(&cursor);
-        for (int j = 0; j < LANES; j++) prefetch_row(cursor_next(&values), s->kv_heads * s->head_dim);
+        for (int j = 0; j < LANES; j++) prefetch_row(cursor_next(&values), values.row);
         for (int64_t h = kv_first(s); h < kv_end(s); h++) {
-            for (int j = 0; j < LANES; j++) keys[j] = (const vec8 *)rows[j] + h * chunks;
+            for (int j = 0; j < LANES; j++) keys[j] = rows[j] + h * head_bytes;
             for (int64_t g = h * group; g < (h + 1) * group; g++)
-                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks);
+                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks, half);
         }
     }
     for (; t < ctx; t++) {
-        prefetch_row(cursor_next(&values), s->kv_heads * s->head_dim);
-        const vec8 *row = (const vec8 *)cursor_next(&cursor);
+        prefetch_row(cursor_next(&values), values.row);
+        const char *row = cursor_next(&cursor);
         for (int64_t h = kv_first(s); h < kv_end(s); h++)
-            row_scores(q + h * group * chunks, row + h * chunks, chunks, group, s->scale, scores + h * group * ctx + t,
-                       ctx);
+            row_scores(q + h * group * chunks, row + h * head_bytes, chunks, group, s->scale,
+                       scores + h * group * ctx + t, ctx, half);
     }
 }
 
@@ -170,19 +180,19 @@ static void softmax_rows(float *scores, int64_t first, int64_t end, int64_t ctx,
  * and register tile, as before, read each row six times and took 2.4x as long at batch 64. Its rows were
  * prefetched during the key pass; with each one it prefetches a key row of the thread's next sequence (`ahead`,
  * ahead_ctx rows of it), whose key pass then finds its keys in L2. */
-INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const int32_t *table, int64_t ctx,
+INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
                             int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
-                            int64_t ahead_ctx) {
+                            int64_t ahead_ctx, int half) {
     for (int64_t i = kv_first(s) * group * chunks; i < kv_end(s) * group * chunks; i++) acc[i] = (vec8){0};
-    RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1);
+    RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1, half);
     for (int64_t t = 0; t < ctx; t++) {
-        if (t < ahead_ctx) prefetch_row(cursor_next(ahead), s->kv_heads * s->head_dim);
-        const vec8 *row = (const vec8 *)cursor_next(&cursor);
+        if (t < ahead_ctx) prefetch_row(cursor_next(ahead), ahead->row);
+        const char *row = cursor_next(&cursor);
         for (int64_t h = kv_first(s); h < kv_end(s); h++)
             for (int64_t g = 0; g < group; g++) {
                 const float p = probs[(h * group + g) * ctx + t];
                 vec8 *sums = acc + (h * group + g) * chunks;
-                for (int64_t i = 0; i < chunks; i++) sums[i] += p * row[h * chunks + i];
+                for (int64_t i = 0; i < chunks; i++) sums[i] += p * kv_load8(row, h * chunks + i, half);
             }
     }
 }
@@ -192,7 +202,7 @@ INLINE void sequence_values(const DecodeShape *s, const float *v_layer, const in
 typedef struct {
     float *scores, *inv_sums;
     vec8 *q, *acc;
-    const float *ahead_keys;
+    const void *ahead_keys;
     const int32_t *ahead_table;
     int64_t ahead_ctx;
 } Scratch;
@@ -211,37 +221,40 @@ static void scratch_free(Scratch *w) {
     free(w->q);
 }
 
-/* One sequence's attention, with the group size and head_dim / 8 as (ideally constant) arguments. */
-INLINE void attend_core(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *table,
-                        int64_t ctx, int64_t group, int64_t chunks, Scratch *w) {
-    RowCursor ahead = cursor_at_start(s, w->ahead_keys, w->ahead_table, w->ahead_ctx, 0);
-    sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores, v_layer);
+/* One sequence's attention, with the group size, head_dim / 8 and the cache's element type as (ideally
+ * constant) arguments. */
+INLINE void attend_core(const DecodeShape *s, const void *k_layer, const void *v_layer, const int32_t *table,
+                        int64_t ctx, int64_t group, int64_t chunks, int half, Scratch *w) {
+    RowCursor ahead = cursor_at_start(s, w->ahead_keys, w->ahead_table, w->ahead_ctx, 0, half);
+    sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores, v_layer, half);
     softmax_rows(w->scores, kv_first(s) * group, kv_end(s) * group, ctx, w->inv_sums);
-    sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc, &ahead, w->ahead_ctx);
+    sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc, &ahead, w->ahead_ctx, half);
 }
 
-/* Copies of attend_core for common GQA group sizes and head dims 64 and 128; anything else runs generic. */
-static void attend_dispatch(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *table,
+/* Copies of attend_core for common GQA group sizes and head dims 64 and 128, for each element type; anything
+ * else runs generic. */
+static void attend_dispatch(const DecodeShape *s, const void *k_layer, const void *v_layer, const int32_t *table,
                             int64_t ctx, Scratch *w) {
     const int64_t group = s->heads / s->kv_heads, chunks = s->head_dim / LANES;
-#define SPECIALISE(G, C) \
-    if (group == G && chunks == C) return attend_core(s, k_layer, v_layer, table, ctx, G, C, w);
+#define SPECIALISE(G, C)                                                                                        \
+    if (group == G && chunks == C)                                                                              \
+        return s->kv_half ? attend_core(s, k_layer, v_layer, table, ctx, G, C, 1, w)                            \
+                          : attend_core(s, k_layer, v_layer, table, ctx, G, C, 0, w);
     SPECIALISE(1, 8) SPECIALISE(2, 8) SPECIALISE(3, 8) SPECIALISE(4, 8) SPECIALISE(8, 8)
     SPECIALISE(1, 16) SPECIALISE(2, 16) SPECIALISE(4, 16) SPECIALISE(8, 16)
 #undef SPECIALISE
-    attend_core(s, k_layer, v_layer, table, ctx, group, chunks, w);
+    attend_core(s, k_layer, v_layer, table, ctx, group, chunks, s->kv_half != 0, w);
 }
 
 /* Prefetches the whole first block of a sequence's K rows (up to ctx of them): the hardware prefetcher
  * has nothing to go on at a sequence's start, and each start would otherwise wait on memory line by line. */
-static void prefetch_first_block(const DecodeShape *s, const float *layer, const int32_t *table, int64_t ctx) {
-    const int64_t rows = ctx < s->block_size ? ctx : s->block_size, row = s->kv_heads * s->head_dim;
-    const char *first = (const char *)(layer + (int64_t)table[0] * s->block_size * row);
-    for (int64_t byte = 0; byte < rows * row * (int64_t)sizeof(float); byte += 64)
-        __builtin_prefetch(first + byte, 0, PREFETCH_LOCALITY);
+static void prefetch_first_block(const DecodeShape *s, const void *layer, const int32_t *table, int64_t ctx) {
+    const int64_t rows = ctx < s->block_size ? ctx : s->block_size, row = row_bytes(s, (int)s->kv_half);
+    const char *first = (const char *)layer + (int64_t)table[0] * s->block_size * row;
+    for (int64_t byte = 0; byte < rows * row; byte += 64) __builtin_prefetch(first + byte, 0, PREFETCH_LOCALITY);
 }
 
-static void attend_sequence(const DecodeShape *s, const float *q, const float *k_layer, const float *v_layer,
+static void attend_sequence(const DecodeShape *s, const float *q, const void *k_layer, const void *v_layer,
                             const int32_t *table, int64_t ctx, float *out, Scratch *w) {
     const int64_t width = s->heads * s->head_dim;
     if (ctx <= 0) {
@@ -274,8 +287,8 @@ static inline int64_t row_of(const int64_t *which, int64_t i) { return which != 
  * of its kv heads (1: whole rows): a step of fewer rows than threads splits them so that no thread idles
  * (batch 1: one thread attended while the other waited at the barrier). While one row runs, the keys of the
  * thread's next one are prefetched. */
-static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_stride, const float *k_layer,
-                           const float *v_layer, const int32_t *tables, const int32_t *lens, float *out,
+static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_stride, const void *k_layer,
+                           const void *v_layer, const int32_t *tables, const int32_t *lens, float *out,
                            int64_t out_stride, int64_t rows, const int64_t *which, int64_t split, int64_t *counter,
                            Scratch *w) {
     int64_t next = claim_row(counter);

@@ -3,7 +3,7 @@
  * positions up to its own.
  *
  * Per kv head, the sequence's keys and values are first gathered from their scattered blocks into contiguous
- * (context, head_dim) buffers. Then each tile of CHUNK_TILE query tokens (times the group's query heads: 48
+ * (context, head_dim) float32 buffers (widened from a float16 cache). Then each tile of CHUNK_TILE query tokens (times the group's query heads: 48
  * query rows for SmolLM2) is two small matmuls: the scores S = Q K^T by the projection loop of matmul.h, and
  * the output O = P V by register blocks of 3 rows x 32 columns (x 8 when head_dim is not a multiple of 32), so
  * that each key or value loaded serves several query rows. A tile reads only the keys its last token sees
@@ -30,14 +30,28 @@ typedef struct {
     int64_t padded; /* context rounded up to 8: the key and value buffers' rows, zero past context */
     float scale;
     int64_t q_stride; /* floats from one token's queries to the next's (heads * head_dim when packed) */
+    int64_t kv_half;  /* 1: the cache holds float16, 0: float32 */
 } ChunkShape;
 
 static int64_t round_up8(int64_t x) { return (x + LANES - 1) / LANES * LANES; }
 
+/* dst (n floats, a multiple of 8) = n cached values at src, float32 or float16. */
+static void copy_cached(float *dst, const char *src, int64_t n, int64_t half) {
+    if (!half) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += LANES) {
+        const vec8 v = deq8_f16((const uint8_t *)src + 2 * i);
+        memcpy(dst + i, &v, sizeof v);
+    }
+}
+
 /* keys and values (kv_heads, padded, head_dim): every kv head's rows in position order, zero past context. */
-static void gather_kv(const ChunkShape *c, const float *k_layer, const float *v_layer, const int32_t *table,
+static void gather_kv(const ChunkShape *c, const void *k_layer, const void *v_layer, const int32_t *table,
                       int64_t block_size, float *keys, float *values) {
-    const int64_t row = c->kv_heads * c->head_dim, bytes = (int64_t)sizeof(float) * c->head_dim;
+    const int64_t value_bytes = c->kv_half ? 2 : 4, row = c->kv_heads * c->head_dim * value_bytes;
+    const int64_t bytes = (int64_t)sizeof(float) * c->head_dim;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < c->padded; t++)
         for (int64_t h = 0; h < c->kv_heads; h++) {
@@ -46,9 +60,10 @@ static void gather_kv(const ChunkShape *c, const float *k_layer, const float *v_
                 memset(k, 0, (size_t)bytes), memset(v, 0, (size_t)bytes);
                 continue;
             }
-            const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
-            memcpy(k, k_layer + slot * row + h * c->head_dim, (size_t)bytes);
-            memcpy(v, v_layer + slot * row + h * c->head_dim, (size_t)bytes);
+            const int64_t at = ((int64_t)table[t / block_size] * block_size + t % block_size) * row
+                               + h * c->head_dim * value_bytes;
+            copy_cached(k, (const char *)k_layer + at, c->head_dim, c->kv_half);
+            copy_cached(v, (const char *)v_layer + at, c->head_dim, c->kv_half);
         }
 }
 

@@ -36,13 +36,14 @@ enum { TIME_PROJECTIONS, TIME_ATTENTION, TIME_OTHER, TIME_PARTS }; /* seconds of
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, block_size, num_blocks;
+    int64_t kv_half; /* 1: the KV cache holds float16 (rounded to nearest even as stored), 0: float32 */
     float eps;
 } ModelShape;
 
 typedef struct { /* one layer's weights (matrices (out, in) as stored: float32 or a GGUF type) and KV cache */
     const float *attn_norm, *ffn_norm;
     Weights wqkv, wo, w_gate_up, w_down;
-    float *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim) */
+    void *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim), float32 or float16 (kv_half) */
 } LayerRefs;
 
 typedef struct { /* the step's rows: one per token */
@@ -97,6 +98,12 @@ static void rotate_heads(float *v, int64_t heads, int64_t head_dim, const float 
         }
 }
 
+/* n floats x stored at value `at` of a cache layer: copied, or rounded to float16 (half). */
+static void store_cached(void *layer, int64_t at, const float *x, int64_t n, int64_t half) {
+    if (half) store_f16(x, n, (uint8_t *)layer + 2 * at);
+    else __builtin_memcpy((float *)layer + at, x, sizeof(float) * (size_t)n);
+}
+
 /* RoPE on each row's Q and K, then its K and V stored at the row's slot (before attention, which reads it). */
 static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, float *qkv) {
     const int64_t q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
@@ -106,15 +113,14 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
         float *row = qkv + r * width;
         rotate_heads(row, m->heads + m->kv_heads, m->head_dim, s->cos + r * half, s->sin + r * half);
         if (s->slots[r] < 0) continue;
-        __builtin_memcpy(layer->keys + s->slots[r] * kv_size, row + q_size, sizeof(float) * (size_t)kv_size);
-        __builtin_memcpy(layer->values + s->slots[r] * kv_size, row + q_size + kv_size,
-                         sizeof(float) * (size_t)kv_size);
+        store_cached(layer->keys, s->slots[r] * kv_size, row + q_size, kv_size, m->kv_half);
+        store_cached(layer->values, s->slots[r] * kv_size, row + q_size + kv_size, kv_size, m->kv_half);
     }
 }
 
 static DecodeShape attention_shape(const ModelShape *m, const StepRows *s) {
     return (DecodeShape){m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
-                         1.0f / sqrtf((float)m->head_dim), 0, 0};
+                         1.0f / sqrtf((float)m->head_dim), 0, 0, m->kv_half != 0};
 }
 
 /* Each row's attention over its sequence's paged context (step_attention.h). */

@@ -17,7 +17,7 @@ from backends.model.weights import ModelWeights
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
-from backends.numpy_backend.native.kernels import MAX_GROUP
+from backends.numpy_backend.native.kernels import MAX_GROUP, kv_half
 from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
 from backends.numpy_backend.native.weights import CWeights, c_weights, readable
 
@@ -35,7 +35,7 @@ _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 class _ModelShape(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                          "block_size", "num_blocks")] + [("eps", ctypes.c_float)]
+                                          "block_size", "num_blocks", "kv_half")] + [("eps", ctypes.c_float)]
 
 
 class _LayerRefs(ctypes.Structure):
@@ -113,15 +113,16 @@ class NativeFusedStep:
     def _shape(self, cache: PagedKVCache) -> _ModelShape:
         c = self.config
         return _ModelShape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                           c.intermediate_size, cache.block_size, cache.num_blocks, c.rms_eps)
+                           c.intermediate_size, cache.block_size, cache.num_blocks,
+                           kv_half(*cache.keys, *cache.values), c.rms_eps)
 
     def _layer_refs(self, cache: PagedKVCache) -> ctypes.Array[_LayerRefs]:
         refs = (_LayerRefs * self.config.num_layers)()
         for i, layer in enumerate(self.weights.layers):
             arrays = [getattr(layer, name) for name in _NORMS] + [cache.keys[i], cache.values[i]]
             matrices = [getattr(layer, name) for name in _MATRICES]
-            _require(all(is_c_array(a, np.float32) for a in arrays) and all(readable(w) for w in matrices),
-                     f"layer {i}: norms and cache must be C-contiguous float32, matrices of a readable type")
+            _require(all(is_c_array(a, np.float32) for a in arrays[:2]) and all(readable(w) for w in matrices),
+                     f"layer {i}: norms must be C-contiguous float32, matrices of a readable type")
             refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays[:2]), *(c_weights(w) for w in matrices),
                                  *(a.ctypes.data for a in arrays[2:]))
         return refs

@@ -35,10 +35,11 @@ class NativeAttention:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64]
+        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64]
         self._chunk_fn = ctypes.CDLL(str(self.library_path)).chunk_attention_f32
         self._chunk_fn.restype = ctypes.c_int
-        self._chunk_fn.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, *[_I64] * 4, ctypes.c_float, _I64]
+        self._chunk_fn.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, *[_I64] * 4, ctypes.c_float, _I64,
+                                   _I64]
         self.parallel_min_tokens = parallel_min_tokens
 
     @staticmethod
@@ -55,11 +56,10 @@ class NativeAttention:
         q, tables, lens = c_array(q, np.float32), c_array(block_tables, np.int32), c_array(context_lens, np.int32)
         _check(cache_dim == dim and v_cache.shape == k_cache.shape and tables.shape[0] == batch == lens.shape[0],
                "shape mismatch")
-        _check(is_c_array(k_cache, np.float32) and is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((batch, heads, dim), np.float32)
         status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
                           lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
-                          dim**-0.5, batch, self.parallel_min_tokens)
+                          dim**-0.5, batch, self.parallel_min_tokens, kv_half(k_cache, v_cache))
         _check_status(status, _ERRORS)
         return out
 
@@ -75,13 +75,20 @@ class NativeAttention:
             return np.empty((0, heads, dim), np.float32)
         q, table = c_array(q, np.float32), c_array(block_table, np.int32)
         _check(cache_dim == dim and v_cache.shape == k_cache.shape, "shape mismatch")
-        _check(is_c_array(k_cache, np.float32) and is_c_array(v_cache, np.float32), "cache not C-contiguous f32")
         out = np.empty((n, heads, dim), np.float32)
         status = self._chunk_fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, table.ctypes.data,
                                 table.shape[0], num_blocks, context_len, n, out.ctypes.data, heads, kv_heads, dim,
-                                block_size, dim**-0.5, self.parallel_min_tokens)
+                                block_size, dim**-0.5, self.parallel_min_tokens, kv_half(k_cache, v_cache))
         _check_status(status, _CHUNK_ERRORS)
         return out
+
+
+def kv_half(*layers: np.ndarray) -> int:
+    """1 when the cache layers are C-contiguous float16, 0 when float32 (the kernels' kv_half); else an error."""
+    for dtype, flag in ((np.float32, 0), (np.float16, 1)):
+        if all(is_c_array(layer, dtype) for layer in layers):
+            return flag
+    raise ValueError("native attention: cache not C-contiguous float32 or float16")
 
 
 def _check_status(status: int, messages: dict[int, str]) -> None:

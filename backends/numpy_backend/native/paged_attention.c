@@ -5,19 +5,20 @@
 #include "attention.h"
 #include "chunk_attention.h"
 
-/* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32.
+/* q, out: (batch, heads, head_dim); block_tables: (batch, table_stride) int32; context_lens: (batch,) int32; the
+ * cache's layers in float32, or in float16 when kv_half is 1.
  * With at least `parallel_min_tokens` of context in the batch, the sequences are shared out among OpenMP
  * threads (claimed one by one: their lengths differ), each with its own scratch; the same team that runs the
  * projections (matmul_rows.c), so no second pool fights it for the cores.
  * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0; -1 when scratch memory could not be
  * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size. */
-int decode_attention_f32(const float *q, const float *k_layer, const float *v_layer, const int32_t *block_tables,
+int decode_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *block_tables,
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t block_size, int64_t table_stride, float scale, int64_t batch,
-                         int64_t parallel_min_tokens) {
+                         int64_t parallel_min_tokens, int64_t kv_half) {
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP)
         return -2;
-    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale, 0, 0};
+    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale, 0, 0, kv_half != 0};
     int64_t total;
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
@@ -43,17 +44,18 @@ int decode_attention_f32(const float *q, const float *k_layer, const float *v_la
 /* One sequence's prefill chunk: q, out (n, heads, head_dim), the last n of its `context` positions, whose K/V
  * are already in the cache; table: the sequence's blocks (table_len of them, int32). With at least
  * `parallel_min_pairs` query-key pairs, the gather and then the (kv head, tile) items are shared out among
- * OpenMP threads. Returns 0; -1 when memory could not be allocated; -2 for an unsupported shape; -3 when
- * n or context is outside 1..context, 1..table_len * block_size; -5 for a block outside the cache. */
-int chunk_attention_f32(const float *q, const float *k_layer, const float *v_layer, const int32_t *table,
+ * OpenMP threads. The cache as for decode_attention_f32. Returns 0; -1 when memory could not be allocated; -2
+ * for an unsupported shape; -3 when n or context is outside 1..context, 1..table_len * block_size; -5 for a
+ * block outside the cache. */
+int chunk_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *table,
                         int64_t table_len, int64_t num_blocks, int64_t context, int64_t n, float *out,
                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                        int64_t parallel_min_pairs) {
+                        int64_t parallel_min_pairs, int64_t kv_half) {
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
     if (!table_in_cache(table, context, block_size, num_blocks)) return -5;
     const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale,
-                          heads * head_dim};
+                          heads * head_dim, kv_half != 0};
     float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));
     if (keys == NULL) return -1;
     float *values = keys + kv_heads * c.padded * head_dim;

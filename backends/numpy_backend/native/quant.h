@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "half.h"
 #include "simd.h"
 
 /* ggml's type ids, as the file stores them */
@@ -29,33 +30,6 @@ static inline const uint8_t *weights_row(const Weights *w, int64_t r) { return w
 typedef uint8_t u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(1)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
-
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13); /* inf, nan */
-    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
-    else if (mant == 0) bits = sign;
-    else { /* subnormal: normalize */
-        int e = -1;
-        uint32_t m = mant;
-        do { e++; m <<= 1; } while ((m & 0x400) == 0);
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* 16 4-bit (or 8-bit) integers q as weights, rounded as gguf computes them: d * q + m (Q4_1), d * (q - 8)
  * (Q4_0), d * q (signed, Q8_0); into out[0] (the first 8) and out[1]. Intrinsics where the target has them:
@@ -151,17 +125,7 @@ static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, i
     deq16(*(const u8x16 *)(block + 18), d, 0.0f, DEQ_SIGNED, out + 2);
 }
 
-/* 8 float16 or bfloat16 values from p (exact conversions). */
-static inline vec8 deq8_f16(const uint8_t *p) {
-#if defined(__F16C__)
-    return (vec8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-#else
-    vec8 v;
-    for (int i = 0; i < LANES; i++) v[i] = half_to_float(load_u16(p + 2 * i));
-    return v;
-#endif
-}
-
+/* 8 bfloat16 values from p (exact conversions). */
 static inline vec8 deq8_bf16(const uint8_t *p) {
     const u32x8 bits = __builtin_convertvector(*(const u16x8 *)p, u32x8) << 16;
     vec8 v;

@@ -53,7 +53,7 @@ typedef struct { /* the chunks' buffers: the gathered keys and values (shared), 
 
 static ChunkShape chunk_shape(const DecodeShape *s, int64_t n, int64_t context, int64_t q_stride) {
     return (ChunkShape){n, context, s->heads, s->kv_heads, s->head_dim, s->heads / s->kv_heads, round_up8(context),
-                        s->scale, q_stride};
+                        s->scale, q_stride, s->kv_half};
 }
 
 /* Buffers for chunks attending to up to `context` positions (none when 0). 0 when out of memory. */
@@ -75,7 +75,7 @@ static void chunk_work_free(ChunkWork *w) {
 
 /* One chunk (rows first .. first + n - 1, the last n positions of its context) by every thread of the region:
  * the gather, then its (kv head, tile) items; both end at a barrier. */
-static void attend_chunk(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *tables,
+static void attend_chunk(const DecodeShape *s, const void *k_layer, const void *v_layer, const int32_t *tables,
                          const int32_t *lens, const float *qkv, int64_t width, float *out, int64_t first, int64_t n,
                          ChunkWork *w) {
     const ChunkShape c = chunk_shape(s, n, lens[first + n - 1], width);
@@ -90,7 +90,7 @@ static void attend_chunk(const DecodeShape *s, const float *k_layer, const float
 
 /* Every row's attention, by every thread of the enclosing region: rows of queries at qkv (width floats apart),
  * outputs at out (heads * head_dim apart). The single rows are claimed one by one from `counter`. */
-static void attend_step(const DecodeShape *s, const float *k_layer, const float *v_layer, const int32_t *tables,
+static void attend_step(const DecodeShape *s, const void *k_layer, const void *v_layer, const int32_t *tables,
                         const int32_t *lens, const float *qkv, int64_t width, float *out, const RowGroups *g,
                         ChunkWork *chunks, Scratch *scratch, int64_t *counter) {
     for (int64_t i = 0; i < g->chunks; i++)
