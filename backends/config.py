@@ -37,6 +37,9 @@ class BackendConfig:
             raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, not {self.cpu_precision!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "float32" and self.name in ("cupy", "sim"):  # not ignored without a word
+            where = "in dtype" if self.name == "cupy" else "simulated"
+            raise ValueError(f"kv_cache_dtype is a numpy backend setting (the {self.name} backend's cache is {where})")
         if self.sim_faults:  # a typo fails at start-up, naming the item
             from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
 

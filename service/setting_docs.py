@@ -81,7 +81,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "backend.kv_cache_dtype": SettingDoc(
         "numpy only: the KV cache's element type; float16 holds twice the tokens in kv_cache_memory and halves "
         "the bytes attention reads, each value rounded once as it is stored (docs/CONFIG.md: KV cache in "
-        "float16); cupy's cache is in dtype", choices=KV_CACHE_DTYPES),
+        "float16); the other backends refuse it (cupy's cache is in dtype)", choices=KV_CACHE_DTYPES),
     "backend.sim_profile": SettingDoc("sim only: the hardware whose step times are simulated",
                                       choices=tuple(PROFILES)),
     "backend.sim_clock": SettingDoc("sim only: real (steps take real time) or virtual (a counter advances)",

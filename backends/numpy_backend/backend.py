@@ -8,7 +8,8 @@ from collections import Counter
 
 import numpy as np
 
-from backends.base import Clock, KVGeometry, StepBatch, StepOutput
+from backends.base import BackendError, Clock, KVGeometry, StepBatch, StepOutput
+from backends.config import KV_CACHE_DTYPES
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
@@ -28,6 +29,8 @@ class NumpyBackend:
                  kv_cache_dtype: str = "float32") -> None:
         self.model = model
         self.cpu_precision = cpu_precision
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BackendError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {kv_cache_dtype!r}")
         self.kv_dtype = np.dtype(kv_cache_dtype)  # float16: stored rounded, widened exactly as attention reads it
         cfg = model.config
         report_dequantized(model.weights.dequantized)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import StepBatch
+from backends.base import BackendError, StepBatch
 from backends.config import BackendConfig
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.attention import decode_attention, prefill_attention
@@ -133,25 +133,25 @@ def test_a_cache_of_another_type_is_refused(cache_dir: Path) -> None:
 
 
 def assert_same_half_step(pair: Pair, batch: StepBatch) -> None:
-    """The first layer's K/V (the same inputs on both sides) within one float16 rounding of the reference's: the
-    projections' float32 sums differ in order, and a value near a tie rounds the other way. Such a flip moves a
-    value by up to 2^-10 of itself, not float32's 2^-24, and the layers after it carry it on: their K/V within
-    1e-2 (8e-3 seen), the logits (up to about 25) within 1e-2 (6.5e-3 seen), where a float32 cache's are within
-    1e-4 and 3e-4. A value in the wrong slot, or read as the wrong type, is off by far more."""
+    """Within the fused-step tests' float16 tolerances (test_native_fused_step.HALF_TOLERANCES); the first
+    layer's K/V, whose inputs are the same on both sides, within one float16 rounding of the reference's."""
     assert all(c.dtype == np.float16 for c in (*pair.fused.cache.keys, *pair.reference.cache.values))
-    assert_same_step(pair, batch, kv_tol=1e-2, logits_tol=1e-2)
+    assert_same_step(pair, batch)
     for fused, ref in ((pair.fused.cache.keys[0], pair.reference.cache.keys[0]),
                        (pair.fused.cache.values[0], pair.reference.cache.values[0])):
         np.testing.assert_allclose(fused.astype(np.float32), ref.astype(np.float32), atol=1e-6, rtol=HALF_ULP)
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_the_fused_step_over_a_float16_cache_matches_the_numpy_forward(model: LoadedModel, block_size: int) -> None:
+def test_the_fused_step_over_a_float16_cache_matches_the_numpy_forward(model: LoadedModel, block_size: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The default model: decodes at mixed lengths, then a step of a decode, a chunk continuing a cached prefix,
-    a whole new prompt and another decode (the chunk kernel's gather widening float16)."""
+    a whole new prompt and another decode (the chunk kernel's gather widening float16); both in the fused step."""
     pair = Pair(model, 2048 // block_size, block_size, kv_cache_dtype="float16")
+    calls = pair.fused_calls(monkeypatch)
     assert_same_half_step(pair, pair.decode_batch([1, 9, 16, 17, 100, 255, 33]))
     assert_same_half_step(pair, pair.step_batch([40, 17, 0, 100], [1, 7, 20, 1]))
+    assert calls == [7, 29]
 
 
 def test_the_backend_holds_twice_the_tokens_in_the_same_memory(model: LoadedModel) -> None:
@@ -161,18 +161,23 @@ def test_the_backend_holds_twice_the_tokens_in_the_same_memory(model: LoadedMode
     assert {c.dtype for c in (*narrow.cache.keys, *narrow.cache.values)} == {np.dtype(np.float16)}
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         BackendConfig(kv_cache_dtype="int8")
+    with pytest.raises(BackendError, match="kv_cache_dtype"):
+        NumpyBackend(model, kv_cache_dtype="float64")
+    for other in ("cupy", "sim"):  # their caches are not the numpy backend's: refused, not ignored
+        with pytest.raises(ValueError, match="numpy backend setting"):
+            BackendConfig(name=other, kv_cache_dtype="float16")
 
 
 def test_greedy_decoding_over_a_float16_cache_follows_the_float32_one(model: LoadedModel) -> None:
     """8 chat prompts decoded together for 16 tokens: the continuations agree token for token with a float32
-    cache's, nearly all of them throughout (bench.precision measures 20 prompts x 128 tokens)."""
+    cache's, most of them throughout (bench.precision: 19 of 20 prompts for all of 128 tokens)."""
     from bench.precision import agreement, greedy, prompts  # noqa: PLC0415 - the benchmark's own helpers
 
     ids = prompts(model, 8)
     outs = [greedy(NumpyBackend(model, "native", kv_cache_dtype=dtype), model, ids, 16)
             for dtype in ("float32", "float16")]
     matched = agreement(*outs, 16).matched
-    assert sorted(matched)[len(matched) // 2] == 16 and min(matched) >= 4, matched
+    assert sorted(matched)[len(matched) // 2] >= 12 and min(matched) >= 4, matched
 
 
 def test_the_setting_doubles_the_blocks_a_memory_budget_holds() -> None:

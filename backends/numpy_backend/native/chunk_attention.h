@@ -3,12 +3,12 @@
  * positions up to its own.
  *
  * Per kv head, the sequence's keys and values are first gathered from their scattered blocks into contiguous
- * (context, head_dim) float32 buffers (widened from a float16 cache). Then each tile of CHUNK_TILE query tokens (times the group's query heads: 48
- * query rows for SmolLM2) is two small matmuls: the scores S = Q K^T by the projection loop of matmul.h, and
- * the output O = P V by register blocks of 3 rows x 32 columns (x 8 when head_dim is not a multiple of 32), so
- * that each key or value loaded serves several query rows. A tile reads only the keys its last token sees
- * (rounded up to 8). Running the chunk's tokens as rows of the decode kernel instead read the whole context
- * once per token.
+ * (context, head_dim) float32 buffers (widened from a float16 cache). Then each tile of CHUNK_TILE query tokens
+ * (times the group's query heads: 48 query rows for SmolLM2) is two small matmuls: the scores S = Q K^T by the
+ * projection loop of matmul.h, and the output O = P V by register blocks of 3 rows x 32 columns (x 8 when head_dim
+ * is not a multiple of 32), so that each key or value loaded serves several query rows. A tile reads only the keys
+ * its last token sees (rounded up to 8). Running the chunk's tokens as rows of the decode kernel instead read the
+ * whole context once per token.
  *
  * The reference is attention.prefill_attention (NumPy: a masked score matrix per head and BLAS matmuls).
  */

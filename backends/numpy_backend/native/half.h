@@ -1,6 +1,7 @@
 /* 16-bit floats (IEEE binary16): the GGUF's F16 matrices and block scales, and a KV cache kept in float16.
- * Loads widen exactly; stores round to nearest, ties to even, as NumPy's astype(float16) does. F16C does
- * eight at a time where the CPU has it; elsewhere the same results one by one. */
+ * Loads widen exactly; stores round to nearest, ties to even, as NumPy's astype(float16) does (a NaN stays a
+ * NaN, its payload aside). F16C does eight at a time where the CPU has it; elsewhere the same results one by
+ * one. */
 #ifndef PAGEDSERVE_HALF_H
 #define PAGEDSERVE_HALF_H
 
@@ -8,6 +9,10 @@
 #include <string.h>
 
 #include "simd.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
