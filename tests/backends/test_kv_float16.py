@@ -93,13 +93,14 @@ def widened(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return k.astype(np.float32), v.astype(np.float32)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 1, 32), (5, 5, 8)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 1, 32), (5, 5, 8), (2, 1, 264)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("parallel_min_tokens", [0, 1 << 40])
 def test_decode_over_a_float16_cache_matches_the_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
                                                            block_size: int, parallel_min_tokens: int) -> None:
     """Widening is exact, so the reference runs on the float16 cache's values as float32 and the tolerance is
-    float32's, not float16's. The specialised copies (group 3, head_dim 64 and 128) and the generic."""
+    float32's, not float16's. The specialised copies (group 3, head_dim 64 and 128), the generic, and a head
+    too wide to widen once (264: read in place)."""
     rng = np.random.default_rng(heads * 100 + dim + block_size)
     q, k, v, tables, ctx = paged_problem(rng, [1, 2, block_size + 1, 7, 100, 257], heads, kv_heads, dim, block_size)
     k, v = half_cache(k, v)
