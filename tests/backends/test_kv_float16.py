@@ -5,6 +5,7 @@ backend's geometry, and greedy decoding through the default model against a floa
 from __future__ import annotations
 
 import ctypes
+import logging
 import platform
 import subprocess
 from pathlib import Path
@@ -181,16 +182,20 @@ def test_greedy_decoding_over_a_float16_cache_follows_the_float32_one(model: Loa
     assert sorted(matched)[len(matched) // 2] >= 12 and min(matched) >= 4, matched
 
 
-def test_the_setting_doubles_the_blocks_a_memory_budget_holds() -> None:
+def test_the_setting_doubles_the_blocks_a_memory_budget_holds(caplog: pytest.LogCaptureFixture) -> None:
     """PAGEDSERVE_KV_CACHE_DTYPE through the server's own assembly: the same kv_cache_memory gives twice the
-    blocks, and the backend's cache is float16. A value outside the choices is refused naming the setting."""
+    blocks, the start-up log says so, and the backend's cache is float16. A value outside the choices is refused
+    naming the setting."""
     from service.assemble import build_parts  # noqa: PLC0415 - the service assembles the backend and the pool
     from service.config import ConfigError, load_config  # noqa: PLC0415
 
     env = {"PAGEDSERVE_KV_CACHE_MEMORY": "48MiB"}
     wide = build_parts(load_config(env=env))
-    narrow = build_parts(load_config(env={**env, "PAGEDSERVE_KV_CACHE_DTYPE": "float16"}))
+    with caplog.at_level(logging.INFO, logger="service.assemble"):
+        narrow = build_parts(load_config(env={**env, "PAGEDSERVE_KV_CACHE_DTYPE": "float16"}))
     assert narrow.kv.num_blocks == 2 * wide.kv.num_blocks > 0
+    tokens = narrow.kv.num_blocks * 16
+    assert f"KV cache: {narrow.kv.num_blocks} blocks of 16 tokens ({tokens} tokens, 48 MiB at 2 bytes" in caplog.text
     assert isinstance(narrow.backend, NumpyBackend) and narrow.backend.cache.keys[0].dtype == np.float16
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         load_config(env={"PAGEDSERVE_KV_CACHE_DTYPE": "int8"})
