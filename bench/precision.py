@@ -111,20 +111,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what is compared with the exact precision over a float32 KV cache")
     args = parser.parse_args(argv)
     model = load_model(stored=STORED_TYPES)
-    exact, fast = NumpyBackend(model, "auto"), NumpyBackend(model, "auto", *CANDIDATES[args.candidate])
+    exact, candidate = NumpyBackend(model, "auto"), NumpyBackend(model, "auto", *CANDIDATES[args.candidate])
     if CANDIDATES[args.candidate][0] == "fast":
         print(f"fast precision: {NativeMatmul(fast=True).fast_paths()}")
     ids = prompts(model, args.prompts)
-    together = agreement(greedy(exact, model, ids, args.tokens), greedy(fast, model, ids, args.tokens), args.tokens)
-    alone = agreement(greedy_alone(exact, model, ids, args.tokens), greedy_alone(fast, model, ids, args.tokens),
+    together = agreement(greedy(exact, model, ids, args.tokens), greedy(candidate, model, ids, args.tokens),
+                         args.tokens)
+    alone = agreement(greedy_alone(exact, model, ids, args.tokens), greedy_alone(candidate, model, ids, args.tokens),
                       args.tokens)
     text = model.files.tokenizer.encode(TEXT.read_text())
     changes = []
     for label, size in ((f"chunks of {CHUNK}", CHUNK), ("one token a step", 1)):
-        ppl_exact, ppl_fast = perplexity(exact, text, size), perplexity(fast, text, size)
-        changes.append(ppl_fast / ppl_exact - 1)
+        ppl_exact, ppl_candidate = perplexity(exact, text, size), perplexity(candidate, text, size)
+        changes.append(ppl_candidate / ppl_exact - 1)
         print(f"perplexity of {TEXT.name} ({len(text)} tokens), {label}: exact {ppl_exact:.4f}, {args.candidate} "
-              f"{ppl_fast:.4f} ({changes[-1]:+.3%})")
+              f"{ppl_candidate:.4f} ({changes[-1]:+.3%})")
     met = all(abs(c) < 0.01 for c in changes)
     print("\n".join(["batched, " + together.lines()[0], "alone, " + alone.lines()[0],
                      f"target (perplexity within 1 %): {'met' if met else 'NOT met'}"]))
