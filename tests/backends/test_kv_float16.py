@@ -27,7 +27,7 @@ from tests.backends.test_native_fused_step import Pair, assert_same_step
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 HALF_ULP = 2.0**-10  # float16's spacing relative to a value: two roundings of nearby floats may differ by it
 
-# -Wno-psabi: without AVX, 8-float vectors pass differently (the library's callers never see one)
+# The machine's build, and on x86 one without F16C (the conversions one by one)
 ARCHES = ["-march=native", *(["-march=x86-64-v2"] if platform.machine() in ("x86_64", "AMD64") else [])]
 
 
@@ -43,6 +43,7 @@ def model() -> LoadedModel:
 
 def build_half_check(c_compiler: str, arch: str, directory: Path) -> ctypes.CDLL:
     library = directory / f"half_check{arch.replace('=', '-')}.so"
+    # -Wno-psabi: without AVX, 8-float vectors pass differently (the library's callers never see one)
     flags = [*(f for f in FLAGS if f != "-march=native"), arch, "-Wall", "-Werror", "-Wno-psabi", f"-I{SOURCE_DIR}"]
     done = subprocess.run([c_compiler, *flags, "-o", str(library), str(Path(__file__).parent / "half_check.c")],
                           capture_output=True, text=True)
