@@ -55,7 +55,7 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size)
     kv = kv_cache_manager_from_config(config.kv, spec, max_len)
     backend.init_cache(kv.num_blocks, config.kv.block_size)
-    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.0f MiB at %d bytes a value, %s layout)",
+    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB at %d bytes a value, %s layout)",
              kv.num_blocks, config.kv.block_size, kv.num_blocks * config.kv.block_size,
              kv.num_blocks * spec.bytes_per_block / 2**20, geo.dtype_bytes, config.kv.kv_layout)
     return ModelParts(files, backend, kv, max_len)

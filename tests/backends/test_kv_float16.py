@@ -192,11 +192,14 @@ def test_the_setting_doubles_the_blocks_a_memory_budget_holds(caplog: pytest.Log
 
     env = {"PAGEDSERVE_KV_CACHE_MEMORY": "48MiB"}
     wide = build_parts(load_config(env=env))
+    config = load_config(env={**env, "PAGEDSERVE_KV_CACHE_DTYPE": "float16"})
     with caplog.at_level(logging.INFO, logger="service.assemble"):
-        narrow = build_parts(load_config(env={**env, "PAGEDSERVE_KV_CACHE_DTYPE": "float16"}))
+        narrow = build_parts(config)
     assert narrow.kv.num_blocks == 2 * wide.kv.num_blocks > 0
-    tokens = narrow.kv.num_blocks * 16
-    assert f"KV cache: {narrow.kv.num_blocks} blocks of 16 tokens ({tokens} tokens, 48 MiB at 2 bytes" in caplog.text
+    blocks, size, geo = narrow.kv.num_blocks, config.kv.block_size, narrow.backend.kv_geometry
+    mib = blocks * size * 2 * geo.num_layers * geo.num_kv_heads * geo.head_dim * geo.dtype_bytes / 2**20
+    line = f"KV cache: {blocks} blocks of {size} tokens ({blocks * size} tokens, {mib:.1f} MiB at 2 bytes a value"
+    assert line in caplog.text and 47 < mib <= 48
     assert isinstance(narrow.backend, NumpyBackend) and narrow.backend.cache.keys[0].dtype == np.float16
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         load_config(env={"PAGEDSERVE_KV_CACHE_DTYPE": "int8"})

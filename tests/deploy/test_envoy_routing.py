@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,9 +62,10 @@ def judged_session(up: Stack, session: int) -> list[int]:
 
 def test_requests_of_one_session_land_on_one_replica(three: Stack) -> None:
     """Every session's turns on one replica. A session split across replicas is run once more and must not split
-    again, and at most one session may split once: four loaded CI runs so far met one split session across a
-    stable host set with none of Envoy's counted events, cause unknown. Routing that ignored the session would
-    split about 8 sessions in 9, and the same session again 8 times in 9."""
+    again, and at most one session may split once (it is reported as a warning): in four loaded CI runs so far,
+    one session of the run split across a stable host set with none of Envoy's counted events, cause unknown.
+    Routing that ignored the session would split about 8 sessions in 9, and the same session again 8 times in
+    9."""
     owners, splits = [], []
     for session in range(SESSIONS):
         gained = judged_session(three, session)
@@ -74,6 +76,9 @@ def test_requests_of_one_session_land_on_one_replica(three: Stack) -> None:
         owners.append(gained.index(TURNS))
     assert len(set(owners)) > 1, "every session hashed to one replica"
     assert len(splits) <= 1, splits
+    if splits:
+        warnings.warn(f"a session split once and not again (session, replies per replica, hosts): {splits}",
+                      stacklevel=1)
 
 
 def test_requests_without_a_session_spread_within_20_percent(three: Stack) -> None:

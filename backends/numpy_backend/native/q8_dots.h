@@ -136,9 +136,9 @@ static inline __attribute__((always_inline)) void q8_scales(const uint8_t *row, 
 /* y[i, first + j] (+)= row i of x . weight row first + j, for `rows` (1..3) rows of x and `strip` (1 or
  * Q8_STRIP) weight rows, both constants once inlined: rows x strip accumulators of the scaled dot products,
  * and as many of the min terms; `ahead` advanced a step a block, a chunk's steps before its blocks. The row
- * addresses and the prefetch cursor are locals: read through `w` and `ahead` (which might alias y, for all GCC
- * knows), every block reloaded four row addresses and stored the cursor, and a batch-1 projection ran at the
- * same 25 GB/s from cache as from memory (bench/projection_rate.py), bound by its instructions; now 28-29. */
+ * addresses and the prefetch cursor are locals: read through `w` and `ahead` (the cursor's int64 stores might
+ * alias w->row_bytes, for all GCC knows), every block reloaded four row addresses and stored the cursor, and a
+ * batch-1 projection read 25 GB/s whether its weights were in L2 or not (bench/projection_rate.py). */
 static inline __attribute__((always_inline)) void q8_strip_t(const Q8Rows *x, const Weights *w, float *y,
                                                             int64_t k, int64_t n, int64_t first, int add,
                                                             Ahead *ahead, const int rows, const int strip,
@@ -188,10 +188,10 @@ static inline __attribute__((always_inline)) void q8_strip_type(const Q8Rows *x,
 }
 
 /* One strip (`strip` rows from `first`: Q8_STRIP, or 1 past the last whole strip) for every row of x, while the
- * bytes of the strip after the next are prefetched into L2, a few lines a block (one block of each of four
- * rows at a time is a pattern the hardware prefetcher does not follow). The next strip's are too close: at the
- * bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in less than a memory access takes, and
- * the projections waited on memory. */
+ * bytes of the strip after the next are prefetched into L2, a few lines a block, issued a chunk of blocks at a
+ * time (one block of each of four rows at a time is a pattern the hardware prefetcher does not follow). The
+ * next strip's are too close: at the bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in
+ * less than a memory access takes, and the projections waited on memory. */
 static void q8_strip(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                      int add, int strip) {
     Ahead ahead = stored_rows_ahead(w, n, first + strip + Q8_STRIP, Q8_STRIP, k / QBLOCK);
