@@ -51,11 +51,8 @@ def last_level_cache_bytes() -> int:
 
 def streamed(matrices: list[QuantMatrix], at_least: int) -> QuantMatrix:
     """The matrices stacked, and repeated until the whole holds at least `at_least` bytes."""
-    if len({m.qtype for m in matrices}) != 1 or len({m.shape[1] for m in matrices}) != 1:
-        raise ValueError("matrices to stack must share their type and width")
-    once = np.concatenate([m.data for m in matrices])
-    data = np.ascontiguousarray(np.tile(once, (-(-at_least // once.nbytes), 1)))
-    return QuantMatrix(matrices[0].qtype, (len(data), matrices[0].shape[1]), data)
+    once = QuantMatrix.stack(matrices)
+    return QuantMatrix.stack([once] * -(-at_least // once.nbytes))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     x = np.random.default_rng(0).standard_normal((1, model.config.hidden_size)).astype(np.float32)
     for precision in ("exact", "fast"):
         project = NativeMatmul(fast=precision == "fast")
-        call = median_call(project, x, QuantMatrix(gate_up[0].qtype, (8, gate_up[0].shape[1]),
-                                                   np.ascontiguousarray(gate_up[0].data[:8])), args.repeats)
+        eight_rows = QuantMatrix.of(gate_up[0].data[:8], gate_up[0].qtype, gate_up[0].shape[1])
+        call = median_call(project, x, eight_rows, args.repeats)
         print(f"{precision}: a call's own cost {call * 1e6:.1f} us")
         for label, w, repeats in cases:
             seconds = median_call(project, x, w, repeats) - call

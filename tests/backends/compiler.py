@@ -4,9 +4,11 @@ fails the test under CI=true and skips it elsewhere (the backend then runs its N
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import shutil
 
+from backends.numpy_backend.native.build import FLAGS
 from tests import required
 
 KERNEL_CHECKS = "the NumPy backend's C kernel tests"
@@ -27,3 +29,13 @@ def require_gcc() -> str:
     if found is None:
         required.unavailable("no gcc on PATH", KERNEL_CHECKS)
     return found
+
+
+# This machine's build, and on x86 one for a CPU without AVX2, F16C or FMA (the kernels' plain paths; -Wpsabi
+# notes that 8-float vectors pass differently without AVX, which no caller outside the library sees).
+ARCHES = ["-march=native", *(["-march=x86-64-v2 -Wno-psabi"] if platform.machine() in ("x86_64", "AMD64") else [])]
+
+
+def flags_for(arch: str) -> list[str]:
+    """The kernels' build flags for another target: `arch` (e.g. "-march=haswell") in place of -march=native."""
+    return [*(f for f in FLAGS if not f.startswith("-march=")), *arch.split()]

@@ -9,9 +9,4 @@
 void round_to_half(const float *x, int64_t n, uint8_t *out) { store_f16(x, n, out); }
 
 /* out = h widened (n a multiple of 8), as attention reads them. */
-void widen_half(const uint8_t *h, int64_t n, float *out) {
-    for (int64_t i = 0; i < n; i += LANES) {
-        const vec8 v = deq8_f16(h + 2 * i);
-        for (int j = 0; j < LANES; j++) out[i + j] = v[j];
-    }
-}
+void widen_half(const uint8_t *h, int64_t n, float *out) { widen_f16(h, n, out); }

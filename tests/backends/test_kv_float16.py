@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import platform
 import subprocess
 from pathlib import Path
 
@@ -18,18 +17,15 @@ from backends.config import BackendConfig
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.build import FLAGS, SOURCE_DIR
+from backends.numpy_backend.native.build import SOURCE_DIR
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.weights import STORED_TYPES
+from tests.backends.compiler import ARCHES, flags_for
 from tests.backends.test_native_attention import paged_problem
 from tests.backends.test_native_fused_step import Pair, assert_same_step
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 HALF_ULP = 2.0**-10  # float16's spacing relative to a value: two roundings of nearby floats may differ by it
-
-# The machine's build, and on x86 one without F16C (the conversions one by one)
-ARCHES = ["-march=native", *(["-march=x86-64-v2"] if platform.machine() in ("x86_64", "AMD64") else [])]
-
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -43,8 +39,7 @@ def model() -> LoadedModel:
 
 def build_half_check(c_compiler: str, arch: str, directory: Path) -> ctypes.CDLL:
     library = directory / f"half_check{arch.replace('=', '-')}.so"
-    # -Wno-psabi: without AVX, 8-float vectors pass differently (the library's callers never see one)
-    flags = [*(f for f in FLAGS if f != "-march=native"), arch, "-Wall", "-Werror", "-Wno-psabi", f"-I{SOURCE_DIR}"]
+    flags = [*flags_for(arch), "-Wall", "-Werror", f"-I{SOURCE_DIR}"]
     done = subprocess.run([c_compiler, *flags, "-o", str(library), str(Path(__file__).parent / "half_check.c")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -73,7 +68,7 @@ def awkward_floats() -> np.ndarray:
 @pytest.mark.parametrize("arch", ARCHES)
 def test_conversions_are_numpys_bit_for_bit(c_compiler: str, tmp_path: Path, arch: str) -> None:
     """Stores round to nearest, ties to even, as NumPy's astype(float16); loads widen exactly. With F16C and
-    without it (the conversions one by one)."""
+    without it (x86-64-v2: the conversions one by one)."""
     library = build_half_check(c_compiler, arch, tmp_path)
     x = awkward_floats()
     rounded = np.empty(len(x), np.float16)
@@ -138,7 +133,8 @@ def test_a_cache_of_another_type_is_refused(cache_dir: Path) -> None:
 def assert_same_half_step(pair: Pair, batch: StepBatch) -> None:
     """Within the fused-step tests' float16 tolerances (test_native_fused_step.HALF_TOLERANCES); the first
     layer's K/V, whose inputs are the same on both sides, within one float16 rounding of the reference's."""
-    assert all(c.dtype == np.float16 for c in (*pair.fused.cache.keys, *pair.reference.cache.values))
+    assert all(c.dtype == np.float16 for side in (pair.fused.cache, pair.reference.cache)
+               for c in (*side.keys, *side.values))
     assert_same_step(pair, batch)
     for fused, ref in ((pair.fused.cache.keys[0], pair.reference.cache.keys[0]),
                        (pair.fused.cache.values[0], pair.reference.cache.values[0])):

@@ -4,7 +4,6 @@ choice of kernels."""
 from __future__ import annotations
 
 import logging
-import platform
 import subprocess
 from pathlib import Path
 
@@ -16,11 +15,11 @@ from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.kernel_choice import choose_kernels
-from backends.numpy_backend.native.build import FLAGS, OPENMP, SOURCE_DIR, KernelBuildError, build_library
+from backends.numpy_backend.native.build import OPENMP, SOURCE_DIR, KernelBuildError, build_library
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
-from tests.backends.compiler import require_gcc
+from tests.backends.compiler import ARCHES, flags_for, require_gcc
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 
@@ -125,17 +124,11 @@ def test_rejects_what_the_kernel_cannot_do(cache_dir: Path) -> None:
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 
-# This machine's build, and on x86 one for a CPU without AVX2, F16C or FMA (the kernels' plain paths; -Wpsabi
-# notes that 8-float vectors pass differently without AVX, which no caller outside the library sees).
-ARCHES = ["-march=native", *(["-march=x86-64-v2 -Wno-psabi"] if platform.machine() in ("x86_64", "AMD64") else [])]
-
-
 @pytest.mark.parametrize("source", ["paged_attention.c", "matmul_rows.c", "fused_step.c"])
 @pytest.mark.parametrize("openmp", [("-Wno-unknown-pragmas",), OPENMP])  # without OpenMP its pragmas are unknown
 @pytest.mark.parametrize("arch", ARCHES)
 def test_source_compiles_without_warnings(tmp_path: Path, source: str, openmp: tuple[str, ...], arch: str) -> None:
-    flags = [f for f in FLAGS if not f.startswith("-march=")]
-    done = subprocess.run(["cc", *flags, *arch.split(), *openmp, "-Wall", "-Wextra", "-Werror", "-o",
+    done = subprocess.run(["cc", *flags_for(arch), *openmp, "-Wall", "-Wextra", "-Werror", "-o",
                            str(tmp_path / "x.so"), str(SOURCE_DIR / source), "-lm"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -37,20 +37,14 @@ static int64_t round_up8(int64_t x) { return (x + LANES - 1) / LANES * LANES; }
 
 /* dst (n floats, a multiple of 8) = n cached values at src, float32 or float16. */
 static void copy_cached(float *dst, const char *src, int64_t n, int64_t half) {
-    if (!half) {
-        memcpy(dst, src, sizeof(float) * (size_t)n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i += LANES) {
-        const vec8 v = deq8_f16((const uint8_t *)src + 2 * i);
-        memcpy(dst + i, &v, sizeof v);
-    }
+    if (half) widen_f16((const uint8_t *)src, n, dst);
+    else memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 
 /* keys and values (kv_heads, padded, head_dim): every kv head's rows in position order, zero past context. */
 static void gather_kv(const ChunkShape *c, const void *k_layer, const void *v_layer, const int32_t *table,
                       int64_t block_size, float *keys, float *values) {
-    const int64_t value_bytes = c->kv_half ? 2 : 4, row = c->kv_heads * c->head_dim * value_bytes;
+    const int64_t value_bytes = kv_bytes((int)c->kv_half), row = c->kv_heads * c->head_dim * value_bytes;
     const int64_t bytes = (int64_t)sizeof(float) * c->head_dim;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < c->padded; t++)

@@ -73,6 +73,14 @@ static inline vec8 deq8_f16(const uint8_t *p) {
 #endif
 }
 
+/* out = n float16 values at p (n a multiple of 8), widened. */
+static inline void widen_f16(const uint8_t *p, int64_t n, float *out) {
+    for (int64_t i = 0; i < n; i += LANES) {
+        const vec8 v = deq8_f16(p + 2 * i);
+        memcpy(out + i, &v, sizeof v);
+    }
+}
+
 /* n floats (a multiple of 8) rounded to float16 at p. */
 static inline void store_f16(const float *x, int64_t n, uint8_t *p) {
     for (int64_t i = 0; i < n; i += LANES) {
