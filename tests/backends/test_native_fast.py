@@ -111,7 +111,7 @@ def test_x_is_rounded_per_block_of_32_to_nearest_even() -> None:
 @pytest.mark.parametrize("rows", [1, 2, FAST_MIN_ROWS - 1])
 def test_small_steps_multiply_8_bit_x_in_integers(fast: NativeMatmul, qtype: Q, inner: int, outputs: int,
                                                  rows: int) -> None:
-    """Every 8-bit path's type; widths of one block and more, weight rows past whole strips of 4, every row
+    """Every 8-bit path's type; widths of one block and more, weight rows past whole groups of 8, every row
     count below the tiles': x rounded as q8_rows rounds it, integer dot products, float32 scaling and sums."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
     x[0, :32] = 0.0  # an all-zero block: scale 0, no division by it

@@ -6,7 +6,8 @@
  *   Q4_0, w = dw * (qw - 8):  dw * dx * sum(qw * qx) - 8 * dw * sx
  * where sx = dx * sum(qx), the block's x summed, computed once per call. The exact kernels dequantize every
  * weight to a float and multiply floats, which kept a batch-1 step's projections bound by the arithmetic at
- * half the bus's speed; here a block of 32 costs a broadcast load, a shift and a mask, one integer dot, one
+ * half the bus's speed. Here 8 weight rows are multiplied together, one a lane (q8_group_t): a block of the 8
+ * rows costs four loads and eight shuffles to transpose their bytes, eight masks, eight integer dots, and one
  * conversion and one FMA per row of x. Q8_0 (the default model's output head) stays exact: its exact kernel
  * already reads at the bus's speed, and rounding x for it too moved perplexity by 0.78 % instead of 0.55 %.
  *
@@ -18,14 +19,13 @@
 #define PAGEDSERVE_Q8_DOTS_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "quant_wide.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define Q8_DOTS 1
 #include <immintrin.h>
-
-#define Q8_STRIP 4 /* weight rows per strip: with up to 3 rows of x, 12 independent FMA chains */
 
 static inline int q8_reads(int32_t type) { return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1; }
 
@@ -78,132 +78,145 @@ static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
         q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c);
 }
 
-/* The 8 int32 sums of 4 products each of unsigned u and signed s bytes. (pmaddubsw's int16 pairs cannot
+/* acc + the 8 int32 sums of 4 products each of unsigned u and signed s bytes. (pmaddubsw's int16 pairs cannot
  * saturate: qw <= 15 and |qx| <= 127.) */
-static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_epi32(acc, u, s);
 #elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
 
-#define Q8_CHUNK 8 /* blocks whose scales a strip converts at once */
+#define Q8_GROUP 8 /* weight rows multiplied together, one a lane */
 
 static inline int64_t q8_block_bytes(int32_t type) { return type == WEIGHTS_Q4_1 ? 20 : 18; }
-
-/* A stored block's integers as bytes in weight order. Its byte j holds weight j low and weight j + 16 high: the
- * load broadcasts the 16 bytes to both halves and the upper half shifts by 4 (per 64-bit lane), so lane j is
- * weight j. */
-static inline __attribute__((always_inline)) __m256i q8_weights(const uint8_t *row, int64_t b, const int32_t type) {
-    const uint8_t *block = row + b * q8_block_bytes(type);
-    const __m256i both = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128((const __m128i *)(block + (type == WEIGHTS_Q4_1 ? 4 : 2))));
-    return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
-}
 
 /* 8 uint32 lanes (each < 65536) as 8 uint16. */
 static inline __m128i low_halves(__m256i v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
 }
 
-/* For `count` (1..Q8_CHUNK) blocks from b0 of one weight row: dw * dx for each of `rows` rows of x into
- * scale[i], and mw * sx added to mins[i] (one vector per row of x; mw = -8 dw for Q4_0). The
- * blocks' first four bytes (dw and mw, or dw and two bytes of q) are gathered and converted together: one by
- * one, the scalar conversions and broadcasts took the vector ports from the dot products. */
-static inline __attribute__((always_inline)) void q8_scales(const uint8_t *row, int64_t b0, int64_t count,
-                                                           const Q8Rows *x, int64_t blocks,
-                                                           float scale[][Q8_CHUNK], __m256 *mins, const int rows,
-                                                           const int32_t type) {
-    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), iota);
-    const __m256i offsets = _mm256_mullo_epi32(iota, _mm256_set1_epi32((int)q8_block_bytes(type)));
-    const __m256i pairs = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(),
-                                                      (const int *)(row + b0 * q8_block_bytes(type)), offsets,
-                                                      valid, 1);
-    const __m256 d = _mm256_cvtph_ps(low_halves(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff))));
-    const __m256 m = type == WEIGHTS_Q4_1 ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(pairs, 16)))
-                                          : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-    for (int i = 0; i < rows; i++) {
-        const int64_t at = i * blocks + b0;
-        _mm256_storeu_ps(scale[i], _mm256_mul_ps(d, _mm256_maskload_ps(x->d + at, valid)));
-        mins[i] = _mm256_fmadd_ps(m, _mm256_maskload_ps(x->s + at, valid), mins[i]);
+/* The weight rows first .. first + 7, past n the last row again (its lanes are computed and not stored), and
+ * their distances from the first in bytes. */
+typedef struct {
+    const uint8_t *row[Q8_GROUP];
+    __m256i offsets;
+} Q8Group;
+
+static inline Q8Group q8_group(const Weights *w, int64_t n, int64_t first) {
+    Q8Group g;
+    int32_t offsets[Q8_GROUP];
+    for (int j = 0; j < Q8_GROUP; j++) {
+        const int64_t r = first + j < n ? first + j : n - 1;
+        g.row[j] = weights_row(w, r);
+        offsets[j] = (int32_t)((r - first) * w->row_bytes);
+    }
+    g.offsets = _mm256_loadu_si256((const __m256i *)offsets);
+    return g;
+}
+
+/* Block b of the group's rows: each row's dw in d's lane j, and mw in m's (mw = -8 dw for Q4_0), from the
+ * block's first four bytes, gathered. */
+static inline __attribute__((always_inline)) void q8_group_scales(const Q8Group *g, int64_t b, __m256 *d,
+                                                                 __m256 *m, const int32_t type) {
+    const __m256i pairs = _mm256_i32gather_epi32((const int *)(g->row[0] + b * q8_block_bytes(type)), g->offsets, 1);
+    *d = _mm256_cvtph_ps(low_halves(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff))));
+    *m = type == WEIGHTS_Q4_1 ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(pairs, 16)))
+                              : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+}
+
+/* Block b of the group's rows, transposed: lane j of lo[c] holds row j's weights 4c .. 4c + 3 as bytes, of
+ * hi[c] its weights 4c + 16 .. 4c + 19 (a block's byte i holds weight i low and weight i + 16 high). Rows j and
+ * j + 4 share a load; a 4 x 4 transpose of 32-bit words in each half puts word c of every row in one vector. */
+static inline __attribute__((always_inline)) void q8_group_weights(const Q8Group *g, int64_t b, __m256i lo[4],
+                                                                  __m256i hi[4], const int32_t type) {
+    const int64_t at = b * q8_block_bytes(type) + (type == WEIGHTS_Q4_1 ? 4 : 2);
+    __m256i p[4];
+    for (int j = 0; j < 4; j++)
+        p[j] = _mm256_loadu2_m128i((const __m128i *)(g->row[j + 4] + at), (const __m128i *)(g->row[j] + at));
+    const __m256i t0 = _mm256_unpacklo_epi32(p[0], p[1]), t1 = _mm256_unpackhi_epi32(p[0], p[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(p[2], p[3]), t3 = _mm256_unpackhi_epi32(p[2], p[3]);
+    const __m256i words[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+        lo[c] = _mm256_and_si256(words[c], nibble);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(words[c], 4), nibble);
     }
 }
 
-/* y[i, first + j] (+)= row i of x . weight row first + j, for `rows` (1..3) rows of x and `strip` (1 or
- * Q8_STRIP) weight rows, both constants once inlined: rows x strip accumulators of the scaled dot products,
- * and as many of the min terms; `ahead` advanced a step a block, a chunk's steps before its blocks. The row
- * addresses and the prefetch cursor are locals: read through `w` and `ahead` (the cursor's int64 stores might
- * alias w->row_bytes, for all GCC knows), every block reloaded four row addresses and stored the cursor, and a
- * batch-1 projection read 25 GB/s whether its weights were in L2 or not (bench/projection_rate.py). */
-static inline __attribute__((always_inline)) void q8_strip_t(const Q8Rows *x, const Weights *w, float *y,
-                                                            int64_t k, int64_t n, int64_t first, int add,
-                                                            Ahead *ahead, const int rows, const int strip,
+/* Four bytes of x broadcast to every lane. */
+static inline __m256i q8_x_word(const int8_t *q) {
+    int32_t word;
+    memcpy(&word, q, sizeof word);
+    return _mm256_set1_epi32(word);
+}
+
+/* The integer dot product of block b of row i of x with the group's rows, one lane a row: two chains of four. */
+static inline __attribute__((always_inline)) __m256i q8_group_dots(const __m256i lo[4], const __m256i hi[4],
+                                                                  const int8_t *qx) {
+    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        even = dot_u8s8_add(even, lo[c], q8_x_word(qx + 4 * c));
+        odd = dot_u8s8_add(odd, hi[c], q8_x_word(qx + 16 + 4 * c));
+    }
+    return _mm256_add_epi32(even, odd);
+}
+
+/* y[i, first + j] (+)= row i of x . weight row first + j, for `rows` (1..3) rows of x and the group of 8 weight
+ * rows from `first` (fewer past n), `rows` and `type` constants once inlined. Lane j of each vector is weight
+ * row j, so a block costs one conversion and one FMA per row of x for all 8 rows, where a row a vector (the
+ * lanes its block's partial sums) paid both for each row: a batch-1 projection read 1.7x as many bytes a second
+ * from L2 (bench/projection_rate.py). The group after the next is prefetched into L2, a few lines a block. */
+static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, const Weights *w, float *y, int64_t k,
+                                                            int64_t n, int64_t first, int add, const int rows,
                                                             const int32_t type) {
     const int64_t blocks = k / QBLOCK;
-    __m256 acc[3][Q8_STRIP], mins[Q8_STRIP][3];
-    float scale[Q8_STRIP][3][Q8_CHUNK];
-    const uint8_t *row[Q8_STRIP];
-    Ahead prefetch = *ahead;
-    for (int j = 0; j < strip; j++) row[j] = weights_row(w, first + j);
-    for (int i = 0; i < rows; i++)
-        for (int j = 0; j < strip; j++) acc[i][j] = mins[j][i] = _mm256_setzero_ps();
-    for (int64_t b0 = 0; b0 < blocks; b0 += Q8_CHUNK) {
-        const int64_t count = blocks - b0 < Q8_CHUNK ? blocks - b0 : Q8_CHUNK;
-        for (int j = 0; j < strip; j++) q8_scales(row[j], b0, count, x, blocks, scale[j], mins[j], rows, type);
-        for (int64_t b = b0; b < b0 + count; b++) ahead_step(&prefetch);
-        for (int64_t b = b0; b < b0 + count; b++) {
-            for (int j = 0; j < strip; j++) {
-                const __m256i q = q8_weights(row[j], b, type);
-                for (int i = 0; i < rows; i++) {
-                    const __m256i qx = _mm256_loadu_si256((const __m256i *)(x->q + (i * blocks + b) * QBLOCK));
-                    const __m256 dots = _mm256_cvtepi32_ps(dot_u8s8(q, qx));
-                    acc[i][j] = _mm256_fmadd_ps(dots, _mm256_broadcast_ss(&scale[j][i][b - b0]), acc[i][j]);
-                }
-            }
+    const Q8Group g = q8_group(w, n, first);
+    Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
+    __m256 acc[3], mins[3];
+    for (int i = 0; i < rows; i++) acc[i] = mins[i] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        ahead_step(&ahead);
+        __m256 d, m;
+        __m256i lo[4], hi[4];
+        q8_group_scales(&g, b, &d, &m, type);
+        q8_group_weights(&g, b, lo, hi, type);
+        for (int i = 0; i < rows; i++) {
+            const int64_t at = i * blocks + b;
+            const __m256 dots = _mm256_cvtepi32_ps(q8_group_dots(lo, hi, x->q + at * QBLOCK));
+            acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(x->d[at])), acc[i]);
+            mins[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->s[at]), mins[i]);
         }
     }
-    *ahead = prefetch;
-    for (int i = 0; i < rows; i++)
-        for (int j = 0; j < strip; j++) {
-            float *out = y + i * n + first + j;
-            const float dot = hsum_pairs((vec8)_mm256_add_ps(acc[i][j], mins[j][i]));
-            *out = add ? *out + dot : dot;
-        }
-}
-
-/* One strip (or one weight row) for every row of x, with the counts and type as constants. */
-static inline __attribute__((always_inline)) void q8_strip_type(const Q8Rows *x, const Weights *w, float *y,
-                                                               int64_t m, int64_t k, int64_t n, int64_t first,
-                                                               int add, Ahead *ahead, const int strip,
-                                                               const int32_t type) {
-    switch (m) {
-    case 3: q8_strip_t(x, w, y, k, n, first, add, ahead, 3, strip, type); break;
-    case 2: q8_strip_t(x, w, y, k, n, first, add, ahead, 2, strip, type); break;
-    default: q8_strip_t(x, w, y, k, n, first, add, ahead, 1, strip, type); break;
+    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int i = 0; i < rows; i++) {
+        float *out = y + i * n + first;
+        __m256 v = _mm256_add_ps(acc[i], mins[i]);
+        if (add) v = _mm256_add_ps(v, _mm256_maskload_ps(out, mask));
+        _mm256_maskstore_ps(out, mask, v);
     }
 }
 
-/* One strip (`strip` rows from `first`: Q8_STRIP, or 1 past the last whole strip) for every row of x, while the
- * bytes of the strip after the next are prefetched into L2, a few lines a block, issued a chunk of blocks at a
- * time (one block of each of four rows at a time is a pattern the hardware prefetcher does not follow). The
- * next strip's are too close: at the bus's speed a strip of the default model's rows (1.4-3.8 KB) goes by in
- * less than a memory access takes, and the projections waited on memory. */
-static void q8_strip(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
-                     int add, int strip) {
-    Ahead ahead = stored_rows_ahead(w, n, first + strip + Q8_STRIP, Q8_STRIP, k / QBLOCK);
-#define Q8_STRIP_OF(T)                                                                                              \
-    if (strip == Q8_STRIP) q8_strip_type(x, w, y, m, k, n, first, add, &ahead, Q8_STRIP, T);                       \
-    else q8_strip_type(x, w, y, m, k, n, first, add, &ahead, 1, T)
+/* One group for every row of x (1..3), the count and the type constants. */
+static void q8_group_of(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
+                        int add) {
+#define Q8_GROUP_ROWS(T)                                                                                            \
+    switch (m) {                                                                                                    \
+    case 3: q8_group_t(x, w, y, k, n, first, add, 3, T); break;                                                     \
+    case 2: q8_group_t(x, w, y, k, n, first, add, 2, T); break;                                                     \
+    default: q8_group_t(x, w, y, k, n, first, add, 1, T); break;                                                    \
+    }
     if (w->type == WEIGHTS_Q4_1) {
-        Q8_STRIP_OF(WEIGHTS_Q4_1);
+        Q8_GROUP_ROWS(WEIGHTS_Q4_1)
     } else {
-        Q8_STRIP_OF(WEIGHTS_Q4_0);
+        Q8_GROUP_ROWS(WEIGHTS_Q4_0)
     }
-#undef Q8_STRIP_OF
+#undef Q8_GROUP_ROWS
 }
 
 /* y (m, n) (+)= x (m, k) @ w.T for m < 4 rows and q8_reads(w->type), shared among the threads of the enclosing
@@ -213,13 +226,8 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
                        void *mine) {
     const Q8Rows rows = q8_rows_in(mine, m, k);
     q8_quantize(x, m, k, &rows);
-    const int64_t strips = n / Q8_STRIP;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t <= strips; t++) {
-        if (t < strips) q8_strip(&rows, w, y, m, k, n, t * Q8_STRIP, add, Q8_STRIP);
-        else
-            for (int64_t r = strips * Q8_STRIP; r < n; r++) q8_strip(&rows, w, y, m, k, n, r, add, 1);
-    }
+    for (int64_t t = 0; t < (n + Q8_GROUP - 1) / Q8_GROUP; t++) q8_group_of(&rows, w, y, m, k, n, t * Q8_GROUP, add);
 }
 #else
 #define Q8_DOTS 0
