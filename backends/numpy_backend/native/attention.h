@@ -180,9 +180,9 @@ static void softmax_rows(float *scores, int64_t first, int64_t end, int64_t ctx,
  * and register tile, as before, read each row six times and took 2.4x as long at batch 64. Its rows were
  * prefetched during the key pass; with each one it prefetches a key row of the thread's next sequence (`ahead`,
  * ahead_ctx rows of it), whose key pass then finds its keys in L2. */
-INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
-                            int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
-                            int64_t ahead_ctx, int half) {
+INLINE void values_all_heads(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
+                             int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
+                             int64_t ahead_ctx, int half) {
     for (int64_t i = kv_first(s) * group * chunks; i < kv_end(s) * group * chunks; i++) acc[i] = (vec8){0};
     RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, 1, half);
     for (int64_t t = 0; t < ctx; t++) {
@@ -195,6 +195,44 @@ INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int
                 for (int64_t i = 0; i < chunks; i++) sums[i] += p * kv_load8(row, h * chunks + i, half);
             }
     }
+}
+
+#define REGISTER_SUMS 24 /* at most this many accumulator vectors stay in registers (of AVX-512's 32) */
+
+/* acc by kv head, its query heads' sums in registers: a pass over the value rows for each kv head, reading only
+ * its part of each row (whole cache lines: a head is 64 or more bytes). In L1, as in values_all_heads, the sums
+ * cost a load and a store beside every FMA, and each float16 value was widened once per query head. The first
+ * pass prefetches the next block's rows as values_all_heads does; the last, the next sequence's keys (`ahead`). */
+INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
+                           int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
+                           int64_t ahead_ctx, int half) {
+    const int64_t head_bytes = s->head_dim * kv_bytes(half);
+    for (int64_t h = kv_first(s); h < kv_end(s); h++) {
+        vec8 sums[REGISTER_SUMS];
+        for (int64_t i = 0; i < group * chunks; i++) sums[i] = (vec8){0};
+        RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, h == kv_first(s), half);
+        const float *p = probs + h * group * ctx;
+        for (int64_t t = 0; t < ctx; t++) {
+            if (h + 1 == kv_end(s) && t < ahead_ctx) prefetch_row(cursor_next(ahead), ahead->row);
+            const char *row = cursor_next(&cursor) + h * head_bytes;
+            for (int64_t i = 0; i < chunks; i++) {
+                const vec8 v = kv_load8(row, i, half);
+                for (int64_t g = 0; g < group; g++)
+                    sums[g * chunks + i] = fma8(v, p[g * ctx + t] + (vec8){0}, sums[g * chunks + i]);
+            }
+        }
+        for (int64_t i = 0; i < group * chunks; i++) acc[h * group * chunks + i] = sums[i];
+    }
+}
+
+/* acc = probs @ V: by kv head in registers where its query heads' accumulators fit, else all heads at once. */
+INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
+                            int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
+                            int64_t ahead_ctx, int half) {
+    if (group * chunks <= REGISTER_SUMS)
+        values_by_head(s, v_layer, table, ctx, group, chunks, probs, acc, ahead, ahead_ctx, half);
+    else
+        values_all_heads(s, v_layer, table, ctx, group, chunks, probs, acc, ahead, ahead_ctx, half);
 }
 
 /* Per-thread scratch: scores (heads * max_ctx), 1/sums (heads), the query and the accumulators as vectors;
