@@ -9,7 +9,8 @@
  * half the bus's speed. Here 8 weight rows are multiplied together, one a lane (q8_group_t): a block of the 8
  * rows costs four loads and eight shuffles to transpose their bytes, eight masks, eight integer dots, and one
  * conversion and one FMA per row of x. Q8_0 (the default model's output head) stays exact: its exact kernel
- * already reads at the bus's speed, and rounding x for it too moved perplexity by 0.78 % instead of 0.55 %.
+ * already reads at the bus's speed, and rounding x for it too moved perplexity by 0.78 % instead of 0.55 % (with
+ * the loop of that time).
  *
  * Rounding x costs accuracy, measured by bench/precision.py against the exact precision; and a row's result
  * depends on its step's size (these for small steps, the tiles of fast_matmul.h for larger ones). The
