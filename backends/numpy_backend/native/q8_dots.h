@@ -170,7 +170,7 @@ static inline __attribute__((always_inline)) __m256i q8_group_dots(const __m256i
 /* y[i, first + j] (+)= row i of x . weight row first + j, for `rows` (1..3) rows of x and the group of 8 weight
  * rows from `first` (fewer past n), `rows` and `type` constants once inlined. Lane j of each vector is weight
  * row j, so a block costs one conversion and one FMA per row of x for all 8 rows, where a row a vector (the
- * lanes its block's partial sums) paid both for each row: a batch-1 projection read 1.7x as many bytes a second
+ * lanes its block's partial sums) paid both for each row: a batch-1 projection read 1.5x as many bytes a second
  * from L2 (bench/projection_rate.py). The group after the next is prefetched into L2, a few lines a block. */
 static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, const Weights *w, float *y, int64_t k,
                                                             int64_t n, int64_t first, int add, const int rows,
