@@ -316,12 +316,13 @@ static void attend_sequence(const DecodeShape *s, const float *q, const void *k_
         return;
     }
     prefetch_first_block(s, k_layer, table, ctx); /* the values are prefetched with the keys */
+    /* q in and the output out a vector at a time: element by element they took 3 % of a batch-64 attention */
     for (int64_t c = 0; c < width / LANES; c++) w->q[c] = *(const vec8 *)(q + c * LANES);
     attend_dispatch(s, k_layer, v_layer, table, ctx, w);
     const int64_t group = s->heads / s->kv_heads, chunks = s->head_dim / LANES;
     for (int64_t h = kv_first(s) * group; h < kv_end(s) * group; h++)
         for (int64_t c = h * chunks; c < (h + 1) * chunks; c++)
-            *(vec8 *)(out + c * LANES) = w->acc[c] * w->inv_sums[h]; /* element by element, this and the copy of q took 3 % of a batch-64 step's attention */
+            *(vec8 *)(out + c * LANES) = w->acc[c] * w->inv_sums[h];
 }
 
 /* The next row from a counter shared by the team: dynamic scheduling, which the threads' differing sequence
