@@ -156,6 +156,18 @@ static inline void prefetch_row(const char *row, int64_t bytes) {
     for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(row + byte, 0, PREFETCH_LOCALITY);
 }
 
+#define MAX_WIDENED 16 /* head_dim / 8 up to which a float16 key's head slice is widened once for its group */
+
+/* The 8 float16 key slices widened to float32 into `to` (chunks vectors each), and keys[] pointed at them, for
+ * the group's query heads to share: widened at each use, each value was converted once per query head (with
+ * the softmax's max taken 8 lanes at a time, that was 4 % of a batch-64 step's attention). */
+INLINE void widen_keys(const char **keys, int64_t chunks, vec8 *to) {
+    for (int j = 0; j < LANES; j++) {
+        for (int64_t c = 0; c < chunks; c++) to[j * chunks + c] = kv_load8(keys[j], c, 1);
+        keys[j] = (const char *)(to + j * chunks);
+    }
+}
+
 /* scores (heads, ctx) of one sequence, 8 tokens at a time (the tail one by one); every key row is read from
  * memory once, for all the query heads that share it. With each key row, the value row of the same token is
  * prefetched: this pass leaves the bus half idle, and the value pass then finds its rows in L2 (a batch-64
@@ -171,9 +183,12 @@ INLINE void sequence_scores(const DecodeShape *s, const vec8 *q, const void *k_l
         for (int j = 0; j < LANES; j++) rows[j] = cursor_next(&cursor);
         for (int j = 0; j < LANES; j++) prefetch_row(cursor_next(&values), values.row);
         for (int64_t h = kv_first(s); h < kv_end(s); h++) {
+            vec8 widened[LANES * MAX_WIDENED];
+            const int widen = half && group > 1 && chunks <= MAX_WIDENED; /* constants once specialised */
             for (int j = 0; j < LANES; j++) keys[j] = rows[j] + h * head_bytes;
+            if (widen) widen_keys(keys, chunks, widened);
             for (int64_t g = h * group; g < (h + 1) * group; g++)
-                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks, half);
+                *(vec8 *)(scores + g * ctx + t) = s->scale * scores8(q + g * chunks, keys, chunks, half && !widen);
         }
     }
     for (; t < ctx; t++) {
