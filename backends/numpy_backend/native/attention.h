@@ -87,7 +87,7 @@ static vec8 exp_nonpositive(vec8 x) {
 /* The largest of n finite scores, 8 lanes at a time: one by one, each compare waited on the last (a batch-64
  * step spent milliseconds there). The max of finite floats is exact in any order. */
 static float max_score(const float *scores, int64_t n) {
-    vec8 tops = scores[0] + (vec8){0};
+    vec8 tops = scores[0] - (vec8){0}; /* broadcast; minus keeps the sign of a -0.0 */
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
         const vec8 v = *(const vec8 *)(scores + i);
