@@ -228,12 +228,13 @@ INLINE void values_all_heads(const DecodeShape *s, const void *v_layer, const in
     }
 }
 
-#define REGISTER_SUMS 24 /* at most this many accumulator vectors stay in registers (of AVX-512's 32) */
+#define REGISTER_SUMS 24 /* accumulator vectors that fit AVX-512's 32 registers (AVX2's 16: some spill to L1) */
 
 /* acc by kv head, its query heads' sums in registers: a pass over the value rows for each kv head, reading only
- * its part of each row (whole cache lines: a head is 64 or more bytes). In L1, as in values_all_heads, the sums
- * cost a load and a store beside every FMA, and each float16 value was widened once per query head. The first
- * pass prefetches the next block's rows as values_all_heads does; the last, the next sequence's keys (`ahead`). */
+ * its part of each row, so each line is still read once (the passes per kv head and register tile of an earlier
+ * version read whole rows each time). In L1, as in values_all_heads, the sums cost a load and a store beside
+ * every FMA, and each float16 value was widened once per query head. The first pass prefetches the next block's
+ * rows as values_all_heads does; the last, the next sequence's keys (`ahead`). */
 INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
                            int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
                            int64_t ahead_ctx, int half) {
