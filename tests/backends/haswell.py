@@ -3,10 +3,8 @@ a CPU without the newer instructions takes, checked where the tests run."""
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from backends.numpy_backend.native.build import OPENMP, SOURCE_DIR
 from backends.numpy_backend.native.matmul import NativeMatmul
@@ -28,17 +26,6 @@ def build_haswell(c_compiler: str, directory: Path) -> Path:
     return library
 
 
-def haswell_matmul(library: Path, like: NativeMatmul, fast: bool) -> NativeMatmul:
-    """A NativeMatmul whose kernels are the Haswell build's; `like` gives the bindings' types."""
-    haswell = NativeMatmul(cache_dir=like.library_path.parent)
-    built = ctypes.CDLL(str(library))
-    haswell._fn = _bind_like(built.matmul_weights_f32, like._fn)
-    haswell._dequantize = _bind_like(built.dequantize_f32, like._dequantize)
-    haswell.fast_uses_tiles, haswell.fast_small_steps = False, bool(built.fast_small_steps())
-    haswell.fast = fast
-    return haswell
-
-
-def _bind_like(fn: Any, like: Any) -> Any:
-    fn.restype, fn.argtypes = like.restype, like.argtypes
-    return fn
+def haswell_matmul(library: Path, fast: bool) -> NativeMatmul:
+    """A NativeMatmul bound to the Haswell build: its kernels, and its own answers to what they do."""
+    return NativeMatmul(library_path=library, fast=fast)

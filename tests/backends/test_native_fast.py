@@ -200,7 +200,7 @@ def test_an_avx2_build_gives_the_small_steps_the_same_floats(fast: NativeMatmul,
                                                               c_compiler: str) -> None:
     """Without VNNI the integer dot products are pmaddubsw + pmaddwd: the same int32 sums as vpdpbusd, so the
     same floats, bit for bit."""
-    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast, fast=True)
+    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast=True)
     assert haswell.fast_small_steps
     for qtype in (Q.Q4_0, Q.Q4_1):
         w = stored(qtype, 37, 576, seed=int(qtype))

@@ -124,7 +124,7 @@ def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Pat
     """The kernels without AVX-512 (each value converted and scaled, where AVX-512 looks values up in a table of
     the block's 16; 8-lane sums): built for a Haswell, run here: gguf's values, and the float32 copy's results
     bit for bit."""
-    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), matmul, fast=False)
+    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast=False)
     for qtype in QUANTIZED + FLOATS:
         w = stored(qtype, 29, 576, seed=int(qtype))
         np.testing.assert_array_equal(haswell.dense(w), w.dequantize())

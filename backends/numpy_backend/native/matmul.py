@@ -34,8 +34,11 @@ class NativeMatmul:
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; with AVX2, steps of
     1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
 
-    def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False) -> None:
-        self.library_path = build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
+    def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
+                 library_path: Path | None = None) -> None:
+        """library_path: a build of matmul_rows.c to bind instead of this machine's own (the tests run builds for
+        other targets through it)."""
+        self.library_path = library_path or build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
         library = ctypes.CDLL(str(self.library_path))
         self._fn = library.matmul_weights_f32
         self._fn.restype = ctypes.c_int
