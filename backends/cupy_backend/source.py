@@ -17,6 +17,7 @@ LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 # Where a CUDA toolkit or the pip CUDA wheels keep cuda_fp16.h / cuda_bf16.h, for an NVRTC that lacks them.
 TOOLKIT_ROOTS = ("CUDA_PATH", "CUDA_HOME")
+DEFAULT_TOOLKIT = Path("/usr/local/cuda")
 WHEEL_INCLUDE_DIRS = ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/cuda_nvrtc/include")
 
 
@@ -57,7 +58,7 @@ def cuda_include_dirs(search_paths: Iterable[str] | None = None) -> list[str]:
     """Directories holding cuda_bf16.h: a toolkit named by CUDA_PATH / CUDA_HOME, /usr/local/cuda, or the
     pip CUDA wheels on sys.path. Only the first is returned, so two CUDA versions' headers never mix."""
     candidates = [Path(os.environ[v]) / "include" for v in TOOLKIT_ROOTS if os.environ.get(v)]
-    candidates.append(Path("/usr/local/cuda/include"))
+    candidates.append(DEFAULT_TOOLKIT / "include")
     for entry in search_paths if search_paths is not None else sys.path:
         candidates += [Path(entry) / d for d in WHEEL_INCLUDE_DIRS]
     for path in candidates:

@@ -39,18 +39,41 @@ def test_module_source_inlines_each_local_header_once() -> None:
         assert f" {base}_##SUFFIX" in text, name
 
 
-def test_cuda_include_dirs_finds_a_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in source.TOOLKIT_ROOTS:
-        monkeypatch.delenv(var, raising=False)
-    include = tmp_path / "nvidia" / "cu13" / "include"
-    include.mkdir(parents=True)
-    assert source.cuda_include_dirs([str(tmp_path)]) in ([], ["/usr/local/cuda/include"])
+def cuda_headers(include: Path) -> Path:
+    include.mkdir(parents=True, exist_ok=True)
     for header in ("cuda_fp16.h", "cuda_bf16.h"):
         (include / header).write_text("")
-    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "none"))
-    found = source.cuda_include_dirs([str(tmp_path)])
-    assert found == [str(include)] or found == ["/usr/local/cuda/include"]  # a real toolkit wins
-    assert source.nvrtc_options(found)[-1] == f"-I{found[0]}"
+    return include
+
+
+@pytest.fixture
+def no_toolkit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No toolkit named by the environment, and the default one moved to an empty folder: a CUDA toolkit on the
+    machine that runs the tests would otherwise win, and the wheel search would go unchecked."""
+    for var in source.TOOLKIT_ROOTS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(source, "DEFAULT_TOOLKIT", tmp_path / "no-toolkit")
+
+
+@pytest.mark.usefixtures("no_toolkit")
+def test_cuda_include_dirs_finds_a_wheel_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    include = tmp_path / "site" / "nvidia" / "cu13" / "include"
+    include.mkdir(parents=True)
+    assert source.cuda_include_dirs([str(tmp_path / "site")]) == []  # the folder without the headers is passed by
+    cuda_headers(include)
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "none"))  # a toolkit named but missing is passed by too
+    assert source.cuda_include_dirs([str(tmp_path / "site")]) == [str(include)]
+    assert source.nvrtc_options([str(include)])[-1] == f"-I{include}"
+
+
+@pytest.mark.usefixtures("no_toolkit")
+def test_a_toolkit_wins_over_the_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda_headers(tmp_path / "site" / "nvidia" / "cu13" / "include")
+    default = cuda_headers(tmp_path / "no-toolkit" / "include")
+    assert source.cuda_include_dirs([str(tmp_path / "site")]) == [str(default)]
+    named = cuda_headers(tmp_path / "named" / "include")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "named"))
+    assert source.cuda_include_dirs([str(tmp_path / "site")]) == [str(named)]
 
 
 class FakeModule:
