@@ -17,7 +17,8 @@ from backends.model.quant import QuantMatrix
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, q8_reference, q8_rows, to_bfloat16
 from backends.numpy_backend.native.weights import STORED_TYPES
-from tests.backends.haswell import build_haswell, has_avx2, haswell_matmul
+from tests.backends.haswell import build_haswell, haswell_matmul
+from tests.required import hardware_absent
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
@@ -38,7 +39,7 @@ def exact(fast: NativeMatmul) -> NativeMatmul:
 def tiles(fast: NativeMatmul) -> None:
     """A skip where the process may not use AMX tiles: the machine lacks them, so CI may too."""
     if not fast.fast_uses_tiles:
-        pytest.skip("no AMX tiles on this machine")
+        hardware_absent("no AMX tiles on this machine")
 
 
 needs_tiles = pytest.mark.usefixtures("tiles")
@@ -88,7 +89,7 @@ def test_a_rows_result_does_not_depend_on_its_tile_or_lane(fast: NativeMatmul) -
 def small_steps(fast: NativeMatmul) -> None:
     """A skip where the build has no 8-bit small steps (no AVX2): CI's machine may lack them."""
     if not fast.fast_small_steps:
-        pytest.skip("no AVX2 on this machine")
+        hardware_absent("no AVX2 on this machine")
 
 
 needs_small_steps = pytest.mark.usefixtures("small_steps")
@@ -150,7 +151,7 @@ def test_small_steps_on_other_weights_are_exact(fast: NativeMatmul, exact: Nativ
 def test_without_tiles_large_steps_are_exact(fast: NativeMatmul, exact: NativeMatmul) -> None:
     if fast.fast_uses_tiles:
         assert fast.fast
-        pytest.skip("this machine has the tiles")
+        hardware_absent("this machine has the tiles; the check needs a CPU without them")
     assert fast.fast == fast.fast_small_steps
     w, x = stored(Q.Q8_0, 30, 64), activations(16, 64)
     np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
@@ -195,7 +196,7 @@ def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: Load
 
 
 @needs_small_steps
-@pytest.mark.skipif(not has_avx2(), reason="the CPU cannot run an AVX2 build")
+@pytest.mark.usefixtures("avx2")
 def test_an_avx2_build_gives_the_small_steps_the_same_floats(fast: NativeMatmul, tmp_path: Path,
                                                               c_compiler: str) -> None:
     """Without VNNI the integer dot products are pmaddubsw + pmaddwd: the same int32 sums as vpdpbusd, so the

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from backends.model.quant import QuantMatrix
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import readable
-from tests.backends.haswell import build_haswell, has_avx2, haswell_matmul
+from tests.backends.haswell import build_haswell, haswell_matmul
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
@@ -119,7 +119,7 @@ def test_the_kernel_refuses_what_it_cannot_read(matmul: NativeMatmul) -> None:
     assert status == -2
 
 
-@pytest.mark.skipif(not has_avx2(), reason="the CPU cannot run an AVX2 build")
+@pytest.mark.usefixtures("avx2")
 def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path, c_compiler: str) -> None:
     """The kernels without AVX-512 (each value converted and scaled, where AVX-512 looks values up in a table of
     the block's 16; 8-lane sums): built for a Haswell, run here: gguf's values, and the float32 copy's results

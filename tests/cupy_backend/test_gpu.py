@@ -24,6 +24,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.config import ModelLoadError
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from tests.required import hardware_absent, unavailable
 
 pytestmark = pytest.mark.gpu
 
@@ -42,9 +43,9 @@ def gpu() -> Device:
 
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - ImportError, no driver, a broken CUDA install
-        pytest.skip(f"no usable CuPy / CUDA device ({type(exc).__name__}: {exc})")
+        hardware_absent(f"no usable CuPy / CUDA device ({type(exc).__name__}: {exc})")
     if count == 0:
-        pytest.skip("CuPy sees no CUDA device")
+        hardware_absent("CuPy sees no CUDA device")
     from backends.cupy_backend.device import cupy_device  # noqa: PLC0415
 
     return cupy_device()
@@ -55,7 +56,7 @@ def real_model() -> LoadedModel:
     try:
         return load_model()
     except ModelLoadError as exc:
-        pytest.skip(f"the default model is not installed ({exc})")
+        unavailable(f"the default model is not installed ({exc})", "the real-model GPU checks")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def real_model_stored() -> LoadedModel:
     try:
         return load_model(stored=stored_types())
     except ModelLoadError as exc:
-        pytest.skip(f"the default model is not installed ({exc})")
+        unavailable(f"the default model is not installed ({exc})", "the real-model GPU checks")
 
 
 @pytest.fixture(scope="module")

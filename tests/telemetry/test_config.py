@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -82,8 +82,8 @@ def test_build_exporter() -> None:
     assert build_exporter(TelemetryConfig(enabled=False)) is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("opentelemetry.exporter.otlp.proto.grpc") is not None,
-                    reason="the gRPC exporter is installed")
-def test_grpc_without_its_package_names_the_package() -> None:
+def test_grpc_without_its_package_names_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    # None in sys.modules makes the import fail, whether or not the gRPC exporter is installed here
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     with pytest.raises(TelemetryConfigError, match="opentelemetry-exporter-otlp-proto-grpc"):
         build_exporter(TelemetryConfig(exporter="otlp-grpc"))
