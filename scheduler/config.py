@@ -30,6 +30,10 @@ class SchedulerConfig:
     # the KV pool's block tables, and the pool's own invariants (O(blocks + rows) a step); a mismatch fails the
     # engine. Off, the engine checks this only after a step whose results failed to apply part-way.
     debug_checks: bool = False
+    # When the backend raises on a step of several requests, the step is re-run in halves of its requests to find
+    # the one that made it fail (scheduler/step_retry.py), for at most this many seconds in all; only the
+    # requests it cannot clear fail. 0: no re-run, a failed step fails all its requests.
+    failed_step_retry_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:
@@ -42,5 +46,7 @@ class SchedulerConfig:
             raise ValueError("max_preemptions must be non-negative")
         if not self.itl_target_ms >= 0:
             raise ValueError(f"itl_target_ms must be 0 (off) or positive, not {self.itl_target_ms}")
+        if not self.failed_step_retry_s >= 0:
+            raise ValueError(f"failed_step_retry_s must be 0 (off) or positive, not {self.failed_step_retry_s}")
         if self.min_prefill_chunk < 1:
             raise ValueError("min_prefill_chunk must be positive")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from backends.base import Backend, StepOutput
@@ -250,7 +250,11 @@ class EngineCore:
     def fail(self, plan: SchedulerPlan, error: str, cause: str = "backend_error") -> None:
         """The step failed as a whole (cause: telemetry's STEP_FAILURE_CAUSES): fail only the requests it
         carried."""
-        for request_id in dict.fromkeys(seq.request_id for seq in plan.seqs):
+        self.fail_requests(dict.fromkeys(seq.request_id for seq in plan.seqs), error, cause)
+
+    def fail_requests(self, request_ids: Iterable[str], error: str, cause: str = "backend_error") -> None:
+        """Some of a step's requests failed (the whole step, or those a re-run could not clear)."""
+        for request_id in request_ids:
             self.abort(request_id, error)
         # Blocks were published in the prefix cache when planned, but this step may not have written their KV: a
         # later prompt must not hit them. Failures are rare, so forgetting the whole cache is the simple safe way.

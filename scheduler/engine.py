@@ -2,7 +2,9 @@
 event loop keeps streaming while the model computes.
 
 The engine supervises its own steps. A step that fails (the backend raises, returns an unusable output, or a
-request's output cannot be processed) fails only the requests it touches, and the engine goes on. What it
+request's output cannot be processed) fails only the requests it touches, and the engine goes on; when the
+backend raised on a step of several requests, the step is re-run in parts to find the one that made it fail
+(scheduler/step_retry.py), and only that one fails. How recent steps went is kept for /health (`health()`). What it
 cannot go on from, it declares: the engine *fails* when a step hangs past the watchdog, when too many steps
 fail in a row, when a failure (with scheduler.debug_checks, any step) leaves the KV pool or the scheduler
 inconsistent, or on a bug in the loop itself. Then every request still in flight ends with an error, nothing
@@ -14,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
-from backends.base import Backend, StepOutput
+from backends.base import Backend, StepBatch, StepOutput
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore, EngineStats
@@ -25,8 +28,10 @@ from scheduler.output_processor import TokenizerLike
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from scheduler.step import SchedulerPlan
-from scheduler.step_check import BadStepOutputError
+from scheduler.step_check import BadStepOutputError, out_of_vocabulary
 from scheduler.step_cost import StepCostModel
+from scheduler.step_health import HealthLimits, StepHealth
+from scheduler.step_retry import isolate, merged_output, units_of
 from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
 from telemetry.interface import EngineObserver
 
@@ -43,9 +48,10 @@ class Engine:
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
                  step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
-                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> None:
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None,
+                 health: HealthLimits | None = None) -> None:
         """step_timeout_s: the watchdog's limit on one step (0: none); cost: the step-cost model (a calibrated
-        one; else one seeded with the backend's guess)."""
+        one; else one seeded with the backend's guess); health: when /health calls the engine degraded."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
                                            observer=observer, cost=cost, guides=guides)
         self.backend = backend
@@ -56,6 +62,7 @@ class Engine:
         self._failures = _FailureCount(max_consecutive_failures)
         self._failed = asyncio.Event()
         self.failure: str | None = None  # why the engine failed, once it has
+        self.health = StepHealth(health or HealthLimits())
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -105,6 +112,10 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    def degraded(self) -> str | None:
+        """Why /health should send traffic elsewhere now (most recent steps failed, or one is stalled)."""
+        return self.health.problem()
+
     # --- the loop --------------------------------------------------------------------------------
     async def _run(self) -> None:
         try:
@@ -129,8 +140,16 @@ class Engine:
         await asyncio.sleep(0 if plan.batch is not None else 0.001)
 
     async def _step(self, plan: SchedulerPlan) -> None:
+        assert plan.batch is not None
         started = self.core.clock()
-        output = await self._execute(plan)
+        output: StepOutput | None
+        try:
+            output = await self._run_watched(plan.batch, plan.predicted_s)
+        except EngineFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the backend's failure: its requests fail, the engine goes on
+            output = await self._recover(plan, exc)
+            plan = replace(plan, shape=None)  # its time is the failed step's and the re-runs': no cost sample
         if output is not None:
             self._commit(plan, output, started)
 
@@ -140,20 +159,55 @@ class Engine:
         except Exception as exc:
             raise EngineFailedError(f"planning a step raised {type(exc).__name__}: {exc}") from exc
 
-    async def _execute(self, plan: SchedulerPlan) -> StepOutput | None:
-        """The step's output, or None when it failed (its requests were failed)."""
-        assert plan.batch is not None
+    async def _run_watched(self, batch: StepBatch, predicted_s: float) -> StepOutput:
+        """One backend call under the watchdog, its time watched by /health; a hang or a crash fails the engine."""
+        self.health.running(predicted_s)
         try:
-            return await self._runner.run(plan.batch)
+            return await self._runner.run(batch)
         except StepTimeoutError as exc:
             self.core.observer.step_failed("hang")
             raise EngineFailedError(str(exc)) from None
         except StepCrashedError as exc:
             self.core.observer.step_failed("crash")
             raise EngineFailedError(str(exc)) from exc
-        except Exception as exc:  # noqa: BLE001 - a bug in the loop itself: nothing it holds can be trusted
-            message = f"the model backend failed on this request's step: {type(exc).__name__}: {exc}"
+        finally:
+            self.health.stopped()
+
+    async def _recover(self, plan: SchedulerPlan, exc: Exception) -> StepOutput | None:
+        """The output of the step's requests that a re-run in parts clears; the others fail. None: all failed."""
+        assert plan.batch is not None
+        message = f"the model backend failed on this request's step: {type(exc).__name__}: {exc}"
+        retry_s = self.core.config.failed_step_retry_s
+        units = units_of(plan.batch, [seq.request_id for seq in plan.seqs], self.core.kv.block_size)
+        if len(units) < 2 or not retry_s:
             self._step_failed(plan, "backend_error", message, exc)
+            return None
+        log.warning("engine step %d failed (%s); re-running it in parts to find the request that made it fail",
+                    plan.step_id, message)
+        found = await isolate(self._run_part, plan.batch, units, time.monotonic() + retry_s)
+        if not found.recovered:
+            self._step_failed(plan, "backend_error", message, exc)
+            return None
+        failed = dict.fromkeys(plan.seqs[row].request_id for unit in found.failed for row in unit)
+        if failed:
+            log.error("engine step %d: failing %d of its %d requests, whose part failed again (%s): %s",
+                      plan.step_id, len(failed), len(units), ", ".join(failed), message)
+            self.core.fail_requests(failed, message)
+        else:
+            log.warning("engine step %d: every part succeeded when re-run (a passing fault)", plan.step_id)
+            self.core.observer.step_failed("backend_error")
+        return merged_output(plan.batch, found.parts)
+
+    async def _run_part(self, batch: StepBatch) -> StepOutput | None:
+        """A part of a failed step: its output, or None when it failed too (or returned an unusable one)."""
+        try:
+            output = await self._run_watched(batch, 0.0)
+            out_of_vocabulary(output, len(batch.sample_rows), self.core.vocab_size)  # the shape, checked here
+            return output
+        except EngineFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed part is what the search looks for
+            log.info("a part of failed step %d failed too: %s: %s", batch.step_id, type(exc).__name__, exc)
             return None
 
     def _commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
@@ -166,7 +220,7 @@ class Engine:
             self._step_failed(plan, "output_processing", message, exc)
             self._check_consistency(message)
         else:
-            self._failures.record(bool(failed), "a request's output was unusable (see the log)")
+            self._record(bool(failed), "a request's output was unusable (see the log)")
 
     def _step_failed(self, plan: SchedulerPlan, cause: str, message: str, exc: BaseException) -> None:
         log.error("engine step %d failed (%s); failing its %d sequences: %s", plan.step_id, cause,
@@ -175,7 +229,11 @@ class Engine:
             self.core.fail(plan, message, cause)
         except Exception as inner:
             raise EngineFailedError(f"{message}; failing the step's requests then raised {inner!r}") from inner
-        self._failures.record(True, message)
+        self._record(True, message)
+
+    def _record(self, failed: bool, message: str) -> None:
+        self.health.outcome(failed)
+        self._failures.record(failed, message)
 
     def _check_consistency(self, message: str) -> None:
         try:

@@ -65,7 +65,7 @@ def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver 
                  cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> Engine:
     return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
                   max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s,
-                  cost=cost, guides=guides)
+                  cost=cost, guides=guides, health=config.service.health)
 
 
 def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:

@@ -34,6 +34,7 @@ from typing import Any
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig
+from scheduler.step_health import HealthLimits
 from service.cors import check_origins
 from telemetry import TelemetryConfig
 
@@ -71,12 +72,25 @@ class ServiceConfig:
     max_headers: int = 100
     drain_timeout_s: float = 30.0  # on SIGTERM/SIGINT: how long in-flight requests may finish
     step_timeout_s: float = 300.0  # a backend step running longer is a hang: the server fails and exits; 0: off
-    tokenizer_threads: int = 2  # threads tokenizing big prompts off the event loop
+    tokenizer_threads: int = 2  # threads rendering and tokenizing prompts off the event loop
+    tokenizer_queue: int = 64  # prompts waiting for or on those threads; more are refused with 503 (Retry-After)
+    max_messages: int = 2048  # a chat request's messages; more are refused with 400 before anything is rendered
+    max_tools: int = 128  # a request's tools (OpenAI's limit); more are refused with 400, as above
+    max_tool_bytes: int = 256 * 1024  # a request's tool definitions as JSON, all together
+    # /health answers 503 "degraded" while at least half the engine steps that ended in the last health_window_s
+    # failed (and at least 3 did), and while a step runs past stall_report_s and 10x its predicted time.
+    health_window_s: float = 30.0
+    health_failure_rate: float = 0.5
+    stall_report_s: float = 5.0
     max_stream_events_per_s: float = 2000.0  # SSE events/s over all streams; 0: one event per engine output
     log_prompts: bool = False  # prompts and outputs are private unless asked for
     log_level: str = "info"
     preset: str | None = None  # one of PRESETS, applied under every setting given explicitly
     cors_allow_origins: tuple[str, ...] = ()  # empty: no CORS headers; "*": any origin, never with credentials
+
+    @property
+    def health(self) -> HealthLimits:
+        return HealthLimits(self.health_window_s, self.health_failure_rate, stall_floor_s=self.stall_report_s)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -87,8 +101,11 @@ class ServiceConfig:
                                               self.step_timeout_s) < 0:
             raise ValueError("request_timeout_s must be positive; drain_timeout_s, max_stream_events_per_s and "
                              "step_timeout_s non-negative")
-        if self.tokenizer_threads < 1:
-            raise ValueError(f"tokenizer_threads must be at least 1, not {self.tokenizer_threads}")
+        if min(self.tokenizer_threads, self.tokenizer_queue, self.max_messages, self.max_tools,
+               self.max_tool_bytes) < 1:
+            raise ValueError("tokenizer_threads, tokenizer_queue, max_messages, max_tools and max_tool_bytes must "
+                             "be at least 1")
+        HealthLimits(self.health_window_s, self.health_failure_rate, stall_floor_s=self.stall_report_s)  # checks
         if min(self.read_timeout_s, self.keepalive_timeout_s) <= 0:
             raise ValueError("read_timeout_s and keepalive_timeout_s must be positive")
         if self.max_header_bytes < 1024 or self.max_headers < 8:

@@ -48,7 +48,7 @@ from service.own_thread import run_in_own_thread
 from service.protocol import make_runner
 from service.request_id import add_header, request_id_middleware
 from service.routes.completions import create_chat_completion, create_completion
-from service.routes.system import health, list_models, metrics, openapi, retrieve_model
+from service.routes.system import health, list_models, liveness, metrics, openapi, retrieve_model
 from service.routes.tokens import detokenize, tokenize
 from service.state import (
     CONFIG_KEY,
@@ -146,6 +146,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
+    app.router.add_get("/health/live", liveness)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/metrics", metrics)

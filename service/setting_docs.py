@@ -50,7 +50,21 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "service.drain_timeout_s": SettingDoc("seconds in-flight requests may finish after SIGTERM or SIGINT"),
     "service.step_timeout_s": SettingDoc("seconds a step may run before the server counts it a hang, fails and "
                                          "exits; 0: no watchdog"),
-    "service.tokenizer_threads": SettingDoc("threads tokenizing prompts of 16 Ki characters or more"),
+    "service.tokenizer_threads": SettingDoc("threads rendering chat templates and tokenizing prompts (a "
+                                            "completion prompt under 16 Ki characters is tokenized inline)"),
+    "service.tokenizer_queue": SettingDoc("prompts waiting for or on the tokenizer threads; more are refused with "
+                                          "503 tokenizer_busy and Retry-After"),
+    "service.max_messages": SettingDoc("messages in a chat request; more are refused with 400 before rendering"),
+    "service.max_tools": SettingDoc("tools in a request; more are refused with 400 before rendering"),
+    "service.max_tool_bytes": SettingDoc("bytes of a request's tool definitions as JSON, all together; more are "
+                                         "refused with 400 before rendering", default="`262144` (256 KiB)"),
+    "service.health_window_s": SettingDoc("seconds of recent engine steps /health judges: it answers 503 "
+                                          "degraded while health_failure_rate of them failed (and at least 3)"),
+    "service.health_failure_rate": SettingDoc("share of the window's steps that failed for /health to answer "
+                                              "503 degraded", values="(0, 1]"),
+    "service.stall_report_s": SettingDoc("seconds a step may run (and 10x its predicted time) before /health "
+                                         "answers 503 degraded; the watchdog (step_timeout_s) still decides when "
+                                         "the server exits"),
     "service.max_stream_events_per_s": SettingDoc("SSE events per second over all streams; 0: off, one event "
                                                   "per engine output"),
     "service.log_prompts": SettingDoc("log prompts and outputs (private otherwise)"),
@@ -112,6 +126,9 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "the token budget (docs/CONFIG.md: The ITL target)"),
     "scheduler.min_prefill_chunk": SettingDoc("prompt tokens a step's first prompt chunk always gets, however "
                                               "tight the ITL target"),
+    "scheduler.failed_step_retry_s": SettingDoc(
+        "seconds a failed step of several requests may spend re-running in halves to find the request that made "
+        "it fail, which then fails alone; 0: no re-run, every request of the step fails"),
     "scheduler.debug_checks": SettingDoc(
         "after every step, check the scheduler's rows against its sequences and the KV pool, and the pool's "
         "invariants; a mismatch fails the engine (slow: for debugging)"),

@@ -58,6 +58,10 @@ class EngineLike(Protocol):
 
     async def wait_failed(self) -> str: ...
 
+    def degraded(self) -> str | None:
+        """Why recent steps say the engine is not serving well (mostly failing, or stalled); None while sound."""
+        ...
+
 
 @dataclass(frozen=True)
 class Runtime:

@@ -58,6 +58,9 @@ class SimBackend:
     def execute(self, batch: StepBatch) -> StepOutput:
         start = self.clock.now()
         firing = self.faults.next_step() if self.faults.faults else ()
+        poisoned = self.faults.poisoned(batch.seq_ids) if self.faults.faults else None
+        if poisoned is not None:
+            raise InjectedFault(f"injected poison: sequence {poisoned} is in step {self.faults.steps}")
         cost = self.cost_model.step_cost(batch)
         output = self._sample(batch, {"forward": cost.seconds})
         self.last_cost = cost

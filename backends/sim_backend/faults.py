@@ -7,8 +7,11 @@ A spec is a comma-separated list of `KIND@STEP` (on the backend's STEP-th step, 
   bad_token             one sampled row gets a token id outside the vocabulary
   slow_step:SECONDS     the step takes SECONDS longer (on the backend's clock)
   hang[:SECONDS]        the step blocks, in real time (for SECONDS, or until the injector is released)
+  poison@SEQUENCE       every step that carries sequence SEQUENCE raises: a request whose input the backend
+                        cannot take (sequence ids count from 0 in arrival order, one per choice, so with n = 1
+                        SEQUENCE is the index of the request)
 
-Example: `step_error@3,bad_token%5,hang@100`.
+Example: `step_error@3,bad_token%5,hang@100,poison@7`.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("step_error", "bad_token", "slow_step", "hang")
+KINDS = ("step_error", "bad_token", "slow_step", "hang", "poison")
 _NUMBER = r"\d+(?:\.\d*)?"
 _ITEM = re.compile(rf"^(?P<kind>[a-z_]+)(?::(?P<seconds>{_NUMBER}))?(?:@(?P<step>\d+)|%(?P<percent>{_NUMBER}))$")
 
@@ -38,6 +41,7 @@ class Fault:
     step: int | None = None  # fires on this step only
     percent: float | None = None  # or on each step with this probability
     seconds: float | None = None  # slow_step's delay; hang's bound (None: until released)
+    sequence: int | None = None  # poison's sequence id
 
 
 def parse_faults(spec: str) -> tuple[Fault, ...]:
@@ -50,9 +54,14 @@ def _parse_item(item: str) -> Fault:
         raise FaultSpecError(f"sim fault {item!r}: expected KIND@STEP or KIND%PERCENT with KIND one of "
                              f"{', '.join(KINDS)} (slow_step:SECONDS, hang[:SECONDS])")
     kind, seconds = found["kind"], _float(found["seconds"])
-    if (kind == "slow_step" and seconds is None) or (kind in ("step_error", "bad_token") and seconds is not None):
+    if (kind == "slow_step" and seconds is None) or (kind in ("step_error", "bad_token", "poison") and
+                                                      seconds is not None):
         raise FaultSpecError(f"sim fault {item!r}: only slow_step and hang take :SECONDS, and slow_step needs it")
     step, percent = found["step"], _float(found["percent"])
+    if kind == "poison":
+        if step is None:
+            raise FaultSpecError(f"sim fault {item!r}: poison takes @SEQUENCE, the sequence id it fails on")
+        return Fault(kind, sequence=int(step))
     if (step is not None and int(step) < 1) or (percent is not None and not 0 < percent <= 100):
         raise FaultSpecError(f"sim fault {item!r}: STEP counts from 1, PERCENT is in (0, 100]")
     return Fault(kind, int(step) if step is not None else None, percent, seconds)
@@ -76,7 +85,14 @@ class FaultInjector:
         self.steps += 1
         return tuple(f for f in self.faults if self._fires(f))
 
+    def poisoned(self, seq_ids: tuple[int, ...]) -> int | None:
+        """The poisoned sequence a step carries, if any."""
+        poisons = {f.sequence for f in self.faults if f.kind == "poison"}
+        return next((s for s in seq_ids if s in poisons), None)
+
     def _fires(self, fault: Fault) -> bool:
+        if fault.kind == "poison":
+            return False  # not by step: `poisoned` looks at the step's sequences
         if fault.step is not None:
             return fault.step == self.steps
         return bool(self._rng.random() * 100 < (fault.percent or 0.0))

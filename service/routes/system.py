@@ -31,11 +31,28 @@ def _card(request: web.Request) -> ModelCard:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 only when serving: load balancers stop routing here while loading, draining or failed."""
+    """Readiness. 200 only when serving: load balancers stop routing here while loading, draining, failed, or
+    degraded (most recent steps failed, or a step is stalled; it answers 200 again once steps succeed)."""
+    state = request.app[STATE_KEY]
+    if state.phase is not Phase.READY or state.runtime is None:
+        return _unavailable(Health(state.phase.value))
+    reason = state.runtime.engine.degraded()
+    if reason is not None:
+        return _unavailable(Health("degraded", reason))
+    return json_response(Health(state.phase.value))
+
+
+async def liveness(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process can still serve (loading, serving, degraded or draining); 503 once the
+    engine or the model load has failed, which the process exits on by itself: a lasting 503 means it did not."""
     phase = request.app[STATE_KEY].phase
-    if phase is Phase.READY:
-        return json_response(Health(phase.value))
-    return json_response(Health(phase.value), 503, {"Retry-After": str(RETRY_AFTER_S)})
+    if phase in (Phase.UNHEALTHY, Phase.FAILED):
+        return _unavailable(Health(phase.value))
+    return json_response(Health(phase.value))
+
+
+def _unavailable(body: Health) -> web.Response:
+    return json_response(body, 503, {"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -151,8 +151,9 @@ class ModelList(Struct):
     data: list[ModelCard]
 
 
-class Health(Struct):
-    status: str  # loading | ready | draining | stopped | failed | unhealthy
+class Health(Struct, omit_defaults=True):
+    status: str  # loading | ready | degraded | draining | stopped | failed | unhealthy
+    reason: str | None = None  # why, when degraded
 
 
 # --- /tokenize, /detokenize (vLLM's) ---

@@ -6,55 +6,18 @@ it) turns /health 503 once the watchdog gives up, within its limit + 5 s, and re
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
-from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
-from tests.service.live import LiveServer, cached_builder
-from tests.service.rawhttp import post, request, sse_events
-from tests.waiting import until, wait_until
-
-CMPL = "/v1/completions"
-
-
-def fault_server(files: ModelFiles, faults: str, step_timeout_s: float = 30.0, profile: str = "zero"
-                 ) -> LiveServer:
-    config = AppConfig(ServiceConfig(port=0, step_timeout_s=step_timeout_s),
-                       BackendConfig(name="sim", sim_profile=profile, sim_faults=faults),
-                       SchedulerConfig(), KVPoolConfig(num_blocks=256))
-    return LiveServer.start(config, cached_builder(files))
-
-
-@pytest.fixture
-def servers() -> Iterator[list[LiveServer]]:
-    started: list[LiveServer] = []
-    yield started
-    for server in started:
-        server.engine.backend.faults.release()  # type: ignore[attr-defined]
-        server.close()
-
-
-def completion(server: LiveServer, max_tokens: int = 2, stream: bool = False) -> Any:
-    return post(server.url + CMPL, {"prompt": "Hello there", "max_tokens": max_tokens, "stream": stream})
-
-
-def step_failures(server: LiveServer, cause: str) -> float:
-    body = request("GET", server.url + "/metrics").body.decode()
-    found = re.search(rf'pagedserve:engine_step_failures_total{{cause="{cause}"}} (\S+)', body)
-    return float(found.group(1)) if found else -1.0
-
-
-def wait_for_count(server: LiveServer, cause: str, expected: float) -> None:
-    wait_until(lambda: step_failures(server, cause) == expected, what=f"{cause} failures == {expected}")
+from tests.reliability.fault_servers import CMPL, completion, fault_server, wait_for_count
+from tests.service.live import LiveServer
+from tests.service.rawhttp import request, sse_events
+from tests.waiting import until
 
 
 # One request at a time with max_tokens 2 takes exactly two steps (prefill + first token, then the second),
@@ -88,24 +51,43 @@ def test_a_faulty_step_ends_a_stream_with_an_error_event(model_files: ModelFiles
     assert completion(server).status == 200
 
 
-def test_concurrent_neighbours_of_a_faulty_step_still_finish(model_files: ModelFiles,
-                                                             servers: list[LiveServer]) -> None:
-    server = fault_server(model_files, "step_error@5", profile="cpu")
-    servers.append(server)
-
+def concurrent(server: LiveServer, count: int, max_tokens: int = 8) -> list[tuple[int, Any]]:
+    """`count` completions at once, distinct prompts: (status, body) of each."""
     async def many() -> list[tuple[int, Any]]:
         async with aiohttp.ClientSession() as session:
             async def one(i: int) -> tuple[int, Any]:
-                async with session.post(server.url + CMPL, json={"prompt": f"story {i}", "max_tokens": 8}) as r:
+                body = {"prompt": f"story {i}", "max_tokens": max_tokens}
+                async with session.post(server.url + CMPL, json=body) as r:
                     return r.status, await r.json()
 
-            return await asyncio.gather(*(one(i) for i in range(6)))
+            return await asyncio.gather(*(one(i) for i in range(count)))
 
-    replies = asyncio.run(many())
+    return asyncio.run(many())
+
+
+def test_without_re_runs_only_the_faulty_steps_requests_fail(model_files: ModelFiles, servers: list[LiveServer]
+                                                             ) -> None:
+    # At most 3 sequences a step: of 6 requests at least 3 wait outside the faulty step and must finish.
+    server = fault_server(model_files, "step_error@5", profile="cpu",
+                          scheduler=SchedulerConfig(max_num_seqs=3, failed_step_retry_s=0))
+    servers.append(server)
+    replies = concurrent(server, 6)
     failed = [body for status, body in replies if status != 200]
-    assert failed and all("injected step_error" in body["error"]["message"] for body in failed)
-    assert all(body["usage"]["completion_tokens"] == 8 for status, body in replies if status == 200)
+    finished = [body for status, body in replies if status == 200]
+    assert 1 <= len(failed) <= 3 and len(failed) + len(finished) == 6
+    assert all("injected step_error" in body["error"]["message"] for body in failed)
+    assert all(body["usage"]["completion_tokens"] == 8 for body in finished)
     assert completion(server).status == 200 and server.stats().kv.used_blocks == 0
+
+
+def test_a_passing_fault_in_a_shared_step_fails_no_one(model_files: ModelFiles, servers: list[LiveServer]) -> None:
+    server = fault_server(model_files, "step_error@5", profile="cpu")
+    servers.append(server)
+    replies = concurrent(server, 6)
+    assert [status for status, _ in replies] == [200] * 6  # re-run in halves, each half succeeds
+    assert all(body["usage"]["completion_tokens"] == 8 for _, body in replies)
+    wait_for_count(server, "backend_error", 1.0)
+    assert server.stats().kv.used_blocks == 0
 
 
 def test_a_slow_step_only_costs_time(model_files: ModelFiles, servers: list[LiveServer]) -> None:

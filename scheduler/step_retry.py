@@ -1,0 +1,173 @@
+"""A failed step re-run without the requests it cannot trust, so that one request whose input makes the backend
+raise fails alone.
+
+When the backend raises on a step of several requests, the cause may be one request's (an input the backend
+cannot take) or nobody's (a passing fault). The step is re-run in halves of its requests: a half that succeeds
+keeps its rows' results; when exactly one half fails, the search goes on inside it, until one request is
+left, which fails alone. When both halves fail there is more than one cause, and every request of both fails.
+Each round costs two sub-steps, so a step of R requests costs at most 2 x ceil(log2 R) of them, and a
+deadline bounds the whole search.
+
+A sub-step is the same step restricted to some sequences: the same slots, positions and sampling inputs, so
+each row computes exactly what it would have computed in the whole step (a request's tokens never depend on
+its batch), and re-writing a slot writes the same K/V. Sequences that read a block another sequence writes in
+this step (a prefix-cache hit on a block being filled) are never split apart: they form one unit with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from backends.base import AllowedTokens, IntArray, SamplingInputs, StepBatch, StepOutput
+
+Rows = npt.NDArray[np.intp]  # indices into a step's sequences or its sampled entries
+RunPart = Callable[[StepBatch], Awaitable[StepOutput | None]]  # a sub-step's output; None when it failed
+Unit = tuple[int, ...]  # batch rows (indices into StepBatch.seq_ids) that succeed or fail together
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What the search found: each sub-step's rows and output, and the units it could not clear."""
+
+    parts: list[tuple[Rows, StepOutput]]
+    failed: list[Unit]
+
+    @property
+    def recovered(self) -> bool:
+        return bool(self.parts)
+
+
+async def isolate(run: RunPart, batch: StepBatch, units: list[Unit], deadline: float) -> Isolation:
+    """Bisect `units` (the failed step's, at least two) by re-running halves of them; `deadline` is on
+    time.monotonic()'s clock: past it, the units still suspect fail."""
+    parts: list[tuple[Rows, StepOutput]] = []
+    suspects = units
+    while len(suspects) > 1 and time.monotonic() < deadline:
+        halves = suspects[: len(suspects) // 2], suspects[len(suspects) // 2:]
+        failed = [half for half in halves if not await _try(run, batch, half, parts)]
+        if len(failed) != 1:
+            return Isolation(parts, [unit for half in failed for unit in half])
+        suspects = failed[0]
+    return Isolation(parts, list(suspects))
+
+
+async def _try(run: RunPart, batch: StepBatch, units: Sequence[Unit], parts: list[tuple[Rows, StepOutput]]
+               ) -> bool:
+    rows = np.array(sorted(row for unit in units for row in unit), np.intp)
+    output = await run(sub_batch(batch, rows))
+    if output is not None:
+        parts.append((rows, output))
+    return output is not None
+
+
+def units_of(batch: StepBatch, request_ids: Sequence[str], block_size: int) -> list[Unit]:
+    """The batch's rows grouped into units: the rows of one request (its choices share blocks), joined with
+    every row whose blocks include a block that another unit's row writes in this step."""
+    owner = _UnionFind(len(request_ids))
+    first_row: dict[str, int] = {}
+    for row, request_id in enumerate(request_ids):
+        owner.join(row, first_row.setdefault(request_id, row))
+    written = set((batch.slot_mapping // block_size).tolist())
+    holder: dict[int, int] = {}
+    for row in range(batch.num_seqs):
+        used = -(-int(batch.context_lens[row]) // block_size)
+        for block in batch.block_tables[row, :used].tolist():
+            if block in written:
+                owner.join(row, holder.setdefault(block, row))
+    return owner.groups()
+
+
+def sub_batch(batch: StepBatch, rows: Rows) -> StepBatch:
+    """The step restricted to `rows` (sorted indices into its sequences)."""
+    starts, ends = batch.query_start[rows], batch.query_start[rows + 1]
+    tokens = np.concatenate([np.arange(s, e) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+    kept = np.flatnonzero(np.isin(batch.sample_rows, rows))  # the sampled entries of these rows
+    tables = batch.block_tables[rows]
+    return replace(
+        batch, seq_ids=tuple(batch.seq_ids[r] for r in rows.tolist()), token_ids=batch.token_ids[tokens],
+        positions=batch.positions[tokens], slot_mapping=batch.slot_mapping[tokens],
+        query_start=np.concatenate([[0], np.cumsum(ends - starts)]).astype(batch.query_start.dtype),
+        context_lens=batch.context_lens[rows], block_tables=tables,
+        sample_rows=np.searchsorted(rows, batch.sample_rows[kept]).astype(batch.sample_rows.dtype),
+        sampling=None if batch.sampling is None else _sub_sampling(batch.sampling, kept),
+        # a copy belongs to the row whose table holds its destination; re-doing another's would undo its writes
+        block_copies=tuple(c for c in batch.block_copies if bool(np.isin(c[1], tables).any())))
+
+
+def _sub_sampling(sampling: SamplingInputs, kept: Rows) -> SamplingInputs:
+    """The sampled entries `kept`; num_top_logprobs stays the step's, so every part's arrays are as wide."""
+    def take(values: np.ndarray | None) -> np.ndarray | None:
+        return None if values is None else values[kept]
+
+    allowed = None if sampling.allowed is None else _SubsetMasks.of(sampling.allowed, kept)
+    return replace(
+        sampling, temperature=sampling.temperature[kept], top_k=sampling.top_k[kept], top_p=sampling.top_p[kept],
+        min_p=sampling.min_p[kept], uniforms=sampling.uniforms[kept],
+        presence_penalty=take(sampling.presence_penalty), frequency_penalty=take(sampling.frequency_penalty),
+        repetition_penalty=take(sampling.repetition_penalty), output_token_ids=take(sampling.output_token_ids),
+        prompt_token_ids=take(sampling.prompt_token_ids), suppressed_token_ids=take(sampling.suppressed_token_ids),
+        allowed=allowed)
+
+
+class _SubsetMasks:
+    """The grammar masks of some of a step's sampled entries (backends.base.AllowedTokens)."""
+
+    def __init__(self, parent: AllowedTokens, masks: Rows, positions: IntArray) -> None:
+        self._parent, self._masks = parent, masks
+        self.positions = positions
+
+    @classmethod
+    def of(cls, parent: AllowedTokens, kept: Rows) -> _SubsetMasks | None:
+        masks = np.flatnonzero(np.isin(parent.positions, kept))
+        if not masks.size:
+            return None
+        return cls(parent, masks, np.searchsorted(kept, parent.positions[masks]).astype(np.int32))
+
+    def bits(self) -> np.ndarray:
+        return self._parent.bits()[self._masks]
+
+
+def merged_output(batch: StepBatch, parts: list[tuple[Rows, StepOutput]]) -> StepOutput:
+    """One output for the whole step from its parts' outputs; entries no part computed (the failed units') hold
+    token 0, for the engine to drop with their aborted requests."""
+    size = len(batch.sample_rows)
+    first = parts[0][1]
+    merged = StepOutput(np.zeros(size, np.int64), _like(first.logprobs, size), _like(first.top_token_ids, size),
+                        _like(first.top_logprobs, size))
+    for rows, output in parts:
+        kept = np.flatnonzero(np.isin(batch.sample_rows, rows))
+        merged.token_ids[kept] = output.token_ids
+        for mine, theirs in ((merged.logprobs, output.logprobs), (merged.top_token_ids, output.top_token_ids),
+                             (merged.top_logprobs, output.top_logprobs)):
+            if mine is not None and theirs is not None:
+                mine[kept] = theirs
+    return merged
+
+
+def _like(values: np.ndarray | None, size: int) -> np.ndarray | None:
+    return None if values is None else np.zeros((size, *values.shape[1:]), values.dtype)
+
+
+class _UnionFind:
+    def __init__(self, size: int) -> None:
+        self._parent = list(range(size))
+
+    def find(self, item: int) -> int:
+        while self._parent[item] != item:
+            self._parent[item] = self._parent[self._parent[item]]
+            item = self._parent[item]
+        return item
+
+    def join(self, a: int, b: int) -> None:
+        self._parent[self.find(a)] = self.find(b)
+
+    def groups(self) -> list[Unit]:
+        found: dict[int, list[int]] = {}
+        for item in range(len(self._parent)):
+            found.setdefault(self.find(item), []).append(item)
+        return [tuple(rows) for rows in found.values()]
