@@ -175,10 +175,13 @@ def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
         logits.append(backend.compute_logits(make_batch(seqs, chunks, 16)))
     exact_logits, fast_logits = logits
     assert not np.array_equal(exact_logits, fast_logits)  # the tiles ran
-    tolerance = 0.05 * np.abs(exact_logits).max()
+    # measured about 1.7 % on an AMX machine (the 5 % here before was ~3x it), 0.7 % (0.22 of 32) where NumPy
+    # rounds every projection of 4+ rows as the tiles do (fast_reference); bound 2x the AMX figure
+    tolerance = 0.035 * np.abs(exact_logits).max()
     assert np.abs(fast_logits - exact_logits).max() < tolerance
     chosen = exact_logits[np.arange(8), fast_logits.argmax(1)]
-    assert np.all(chosen >= exact_logits.max(1) - tolerance)
+    assert np.all(chosen >= exact_logits.max(1) - tolerance)  # a flipped token is a near tie, within the error
+    # 6 of 8 rows (the NumPy rounding keeps all 8): the check above bounds the rows that flip
     assert np.mean(fast_logits.argmax(1) == exact_logits.argmax(1)) >= 0.75
 
 
@@ -231,7 +234,9 @@ def test_decode_steps_of_one_to_three_rows_run_on_8_bit_x(model: LoadedModel) ->
     for count in (1, 3):  # one row, and three (the most the 8-bit path takes)
         exact_logits, fast_logits = (decode_after_prompts(model, precision, count) for precision in ("exact", "fast"))
         assert not np.array_equal(exact_logits, fast_logits)
-        assert np.abs(fast_logits - exact_logits).max() < 0.05 * np.abs(exact_logits).max()
+        # measured 1.6 % (0.45 of 28, one row and three): the same on every CPU, as the AVX2 and VNNI builds give
+        # the same floats (test_an_avx2_build_gives_the_small_steps_the_same_floats); bound 2x
+        assert np.abs(fast_logits - exact_logits).max() < 0.032 * np.abs(exact_logits).max()
     ids = prompts(model, 3)
     outs = [greedy_alone(NumpyBackend(model, "native", p), model, ids, 12) for p in ("exact", "fast")]
     matched = agreement(*outs, 12).matched

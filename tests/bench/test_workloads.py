@@ -48,8 +48,10 @@ def test_lognormal_lengths_have_the_median_and_a_long_tail() -> None:
     rng = random.Random(1)
     lengths = Lengths(100, "lognormal", 1.0)
     sample = [lengths.sample(rng) for _ in range(5000)]
-    assert statistics.median(sample) == pytest.approx(100, rel=0.06)
-    assert statistics.fmean(sample) == pytest.approx(100 * math.exp(0.5), rel=0.08)  # lognormal mean
+    assert statistics.median(sample) == pytest.approx(100, rel=0.06)  # 3.4 standard errors (1.8 %); measured 2.0 %
+    # lognormal mean, less the cap's 4.9 % (the tail past 8x the median), give or take 1.9 % (one standard error);
+    # measured 7.9 % under with this seed
+    assert statistics.fmean(sample) == pytest.approx(100 * math.exp(0.5), rel=0.08)
     assert max(sample) == 800 and min(sample) >= 1  # capped at 8x the median
     with pytest.raises(ValueError):
         Lengths(0)
