@@ -27,7 +27,7 @@ def test_storage_round_trip_is_within_one_rounding(dtype: str) -> None:
     x = RNG.standard_normal(1000).astype(np.float32)
     stored = s.encode(np, x)
     assert stored.dtype == s.dtype and stored.itemsize == s.itemsize
-    rel = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]
+    rel = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}[dtype]  # each type's unit roundoff
     np.testing.assert_allclose(s.decode(np, stored), x, rtol=rel, atol=1e-7)
 
 
@@ -36,6 +36,7 @@ def test_upcast_bf16_gemm_is_the_rounded_float32_product() -> None:
     exact = bf16_decode(np, x).astype(np.float64) @ bf16_decode(np, w).astype(np.float64).T
     g = UpcastBf16Gemm(np)
     np.testing.assert_allclose(g.logits(x, w), exact, rtol=1e-5, atol=1e-4)
+    # the float32 product rounded once to bfloat16: at most half its 2^-7 step, 2^-8 of the value
     np.testing.assert_allclose(bf16_decode(np, g.linear(x, w)), exact, rtol=2.0**-8, atol=1e-6)
 
 
