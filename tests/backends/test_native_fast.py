@@ -20,6 +20,8 @@ from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.haswell import build_haswell, haswell_matmul
 from tests.required import hardware_absent
 
+SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: measured 1.6 %, bound 2x
+
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
@@ -236,8 +238,24 @@ def test_decode_steps_of_one_to_three_rows_run_on_8_bit_x(model: LoadedModel) ->
         assert not np.array_equal(exact_logits, fast_logits)
         # measured 1.6 % (0.45 of 28, one row and three): the same on every CPU, as the AVX2 and VNNI builds give
         # the same floats (test_an_avx2_build_gives_the_small_steps_the_same_floats); bound 2x
-        assert np.abs(fast_logits - exact_logits).max() < 0.032 * np.abs(exact_logits).max()
+        assert np.abs(fast_logits - exact_logits).max() < SMALL_STEP_ERROR * np.abs(exact_logits).max()
     ids = prompts(model, 3)
     outs = [greedy_alone(NumpyBackend(model, "native", p), model, ids, 12) for p in ("exact", "fast")]
     matched = agreement(*outs, 12).matched
-    assert max(matched) == 12 and sorted(matched)[1] >= 6, matched
+    assert max(matched) == 12, matched
+    # How many tokens agree depends on the CPU (the exact precision's floats are its own: 12, 4 and 1 on an AVX2
+    # host, more on AMX): what holds on every one is that the fast precision leaves the exact one's greedy path
+    # only where the exact logits are within twice its error of a tie.
+    for prompt, exact, fast, at in zip(ids, *outs, matched, strict=True):
+        if at < 12:
+            logits = exact_logits_after(model, [*prompt, *exact[:at]])
+            gap = logits[exact[at]] - logits[fast[at]]
+            assert -1e-3 <= gap <= 2 * SMALL_STEP_ERROR * np.abs(logits).max(), (at, gap)
+
+
+def exact_logits_after(model: LoadedModel, ids: list[int]) -> np.ndarray:
+    """The exact precision's logits for the token after `ids`."""
+    backend = NumpyBackend(model, "native", "exact")
+    blocks = -(-len(ids) // 16)
+    backend.init_cache(blocks, 16)
+    return backend.compute_logits(make_batch([SeqState(blocks=list(range(blocks)))], [ids], 16))[0]
