@@ -79,8 +79,11 @@ def flag(args: list[str], name: str) -> str:
 
 def test_probes_and_shutdown_fit_the_drain() -> None:
     drain = float(flag(SERVER["args"], "--drain-timeout-s"))
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert SERVER[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    # liveness must not restart a degraded pod (readiness steers traffic away); only a failed engine that
+    # did not exit, which /health/live reports
+    assert SERVER["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
     assert SERVER["readinessProbe"]["failureThreshold"] == 1  # the first 503 of a drain takes the pod out
     liveness = SERVER["livenessProbe"]
     assert liveness["periodSeconds"] * liveness["failureThreshold"] > drain  # never restarts a draining pod
