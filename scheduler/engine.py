@@ -184,7 +184,8 @@ class Engine:
             return None
         log.warning("engine step %d failed (%s); re-running it in parts to find the request that made it fail",
                     plan.step_id, message)
-        found = await isolate(self._run_part, plan.batch, units, time.monotonic() + retry_s)
+        found = await isolate(self._run_part, plan.batch, units, self.core.kv.block_size,
+                              time.monotonic() + retry_s)
         if not found.recovered:
             self._step_failed(plan, "backend_error", message, exc)
             return None

@@ -42,24 +42,25 @@ class Isolation:
         return bool(self.parts)
 
 
-async def isolate(run: RunPart, batch: StepBatch, units: list[Unit], deadline: float) -> Isolation:
+async def isolate(run: RunPart, batch: StepBatch, units: list[Unit], block_size: int, deadline: float
+                  ) -> Isolation:
     """Bisect `units` (the failed step's, at least two) by re-running halves of them; `deadline` is on
     time.monotonic()'s clock: past it, the units still suspect fail."""
     parts: list[tuple[Rows, StepOutput]] = []
     suspects = units
     while len(suspects) > 1 and time.monotonic() < deadline:
         halves = suspects[: len(suspects) // 2], suspects[len(suspects) // 2:]
-        failed = [half for half in halves if not await _try(run, batch, half, parts)]
+        failed = [half for half in halves if not await _try(run, batch, half, block_size, parts)]
         if len(failed) != 1:
             return Isolation(parts, [unit for half in failed for unit in half])
         suspects = failed[0]
     return Isolation(parts, list(suspects))
 
 
-async def _try(run: RunPart, batch: StepBatch, units: Sequence[Unit], parts: list[tuple[Rows, StepOutput]]
-               ) -> bool:
+async def _try(run: RunPart, batch: StepBatch, units: Sequence[Unit], block_size: int,
+               parts: list[tuple[Rows, StepOutput]]) -> bool:
     rows = np.array(sorted(row for unit in units for row in unit), np.intp)
-    output = await run(sub_batch(batch, rows))
+    output = await run(sub_batch(batch, rows, block_size))
     if output is not None:
         parts.append((rows, output))
     return output is not None
@@ -82,21 +83,21 @@ def units_of(batch: StepBatch, request_ids: Sequence[str], block_size: int) -> l
     return owner.groups()
 
 
-def sub_batch(batch: StepBatch, rows: Rows) -> StepBatch:
+def sub_batch(batch: StepBatch, rows: Rows, block_size: int) -> StepBatch:
     """The step restricted to `rows` (sorted indices into its sequences)."""
     starts, ends = batch.query_start[rows], batch.query_start[rows + 1]
     tokens = np.concatenate([np.arange(s, e) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
     kept = np.flatnonzero(np.isin(batch.sample_rows, rows))  # the sampled entries of these rows
-    tables = batch.block_tables[rows]
+    written = set((batch.slot_mapping[tokens] // block_size).tolist())
     return replace(
         batch, seq_ids=tuple(batch.seq_ids[r] for r in rows.tolist()), token_ids=batch.token_ids[tokens],
         positions=batch.positions[tokens], slot_mapping=batch.slot_mapping[tokens],
         query_start=np.concatenate([[0], np.cumsum(ends - starts)]).astype(batch.query_start.dtype),
-        context_lens=batch.context_lens[rows], block_tables=tables,
+        context_lens=batch.context_lens[rows], block_tables=batch.block_tables[rows],
         sample_rows=np.searchsorted(rows, batch.sample_rows[kept]).astype(batch.sample_rows.dtype),
         sampling=None if batch.sampling is None else _sub_sampling(batch.sampling, kept),
-        # a copy belongs to the row whose table holds its destination; re-doing another's would undo its writes
-        block_copies=tuple(c for c in batch.block_copies if bool(np.isin(c[1], tables).any())))
+        # a copy belongs to the row that writes its destination; re-doing another's would undo that row's writes
+        block_copies=tuple(c for c in batch.block_copies if c[1] in written))
 
 
 def _sub_sampling(sampling: SamplingInputs, kept: Rows) -> SamplingInputs:

@@ -167,7 +167,7 @@ def test_rows_reading_a_block_another_row_writes_stay_together() -> None:
 
 def test_a_sub_batch_is_the_step_restricted_to_its_rows() -> None:
     batch = batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 2], [20, 17, 20], [0, 1, 2])
-    part = sub_batch(batch, np.array([0, 2]))
+    part = sub_batch(batch, np.array([0, 2]), BLOCK)
     assert part.seq_ids == (10, 12) and part.query_start.tolist() == [0, 4, 6]
     assert part.token_ids.tolist() == [100, 101, 102, 103, 105, 106]
     assert part.positions.tolist() == [16, 17, 18, 19, 18, 19]
