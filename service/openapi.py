@@ -17,6 +17,7 @@ import msgspec.inspect as mi
 from service.assemble import model_name
 from service.auth import load_keys, needs_key
 from service.config import AppConfig
+from service.openapi_rules import add_rules
 from service.schemas.errors import ErrorBody
 from service.schemas.requests import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from service.schemas.responses import (
@@ -79,7 +80,7 @@ def openapi_document(config: AppConfig) -> dict[str, Any]:
     for op in OPERATIONS:
         paths.setdefault(op.path, {})[op.method] = _operation(op, name, keyed)
     document: dict[str, Any] = {"openapi": OPENAPI_VERSION, "info": _info(name), "paths": paths,
-                                "components": _components()}
+                                "components": _components(config)}
     if keyed:
         document["components"]["securitySchemes"] = {BEARER: {"type": "http", "scheme": "bearer"}}
     return document
@@ -136,13 +137,14 @@ def _ref(struct: type[msgspec.Struct]) -> dict[str, str]:
     return {"$ref": REF.format(name=struct.__name__)}
 
 
-def _components() -> dict[str, Any]:
+def _components(config: AppConfig) -> dict[str, Any]:
     types = list(dict.fromkeys(t for op in OPERATIONS for t in (op.request, op.response, op.chunk, op.error) if t))
     _, schemas = msgspec.json.schema_components(types, ref_template=REF)
     # msgspec leaves out that a forbid_unknown_fields Struct refuses other fields (with 400): say so
     for struct in _structs(mi.multi_type_info(types)):
         if struct.forbid_unknown_fields:
             schemas[struct.cls.__name__]["additionalProperties"] = False
+    add_rules(schemas, config)  # what the server's code refuses beyond the types
     return {"schemas": schemas}
 
 

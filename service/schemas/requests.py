@@ -1,6 +1,7 @@
 """Request bodies. Fields are OpenAI's (plus vLLM's common sampling extensions); an unknown field is refused
-with 400, as the OpenAI API does. Ranges are checked by SamplingParams; the bounds here only keep numbers
-small enough for the engine's arrays."""
+with 400, as the OpenAI API does. The bounds here are SamplingParams' own (which checks them again for callers
+without HTTP), so that the OpenAPI document generated from these types says what the server accepts; the
+rules one field's type cannot state are added to the document by service/openapi_rules.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,19 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-Int32 = Annotated[int, Meta(ge=-(2**31), le=2**31 - 1)]
+from scheduler.params import MAX_N, MAX_STOP_STRINGS, MAX_TEMPERATURE, MAX_TOP_LOGPROBS
+
+INT32_MAX = 2**31 - 1
+Int32 = Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+TokenId = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+Positive = Annotated[int, Meta(ge=1, le=INT32_MAX)]
+Count = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+Choices = Annotated[int, Meta(ge=1, le=MAX_N)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+Text = Annotated[str, Meta(min_length=1)]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
@@ -19,8 +31,8 @@ class StreamOptions(Struct, forbid_unknown_fields=True):
 
 
 class ContentPart(Struct):
-    type: str
-    text: str | None = None
+    type: Literal["text"]  # text only: no images or audio
+    text: str
 
 
 class FunctionCall(Struct):  # extra fields ignored: clients send back what they accumulated (vLLM ignores them)
@@ -90,19 +102,19 @@ class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     """Fields both endpoints share."""
 
     model: str | None = None  # None: the served model
-    n: Int32 = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int32 | None = None
-    min_p: float | None = None
+    n: Choices = 1
+    temperature: Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT32_MAX)] | None = None  # -1 or 0: off
+    min_p: Fraction | None = None
     seed: Seed | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[Int32] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    stop: Text | Annotated[list[Text], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: Int32 = 0
+    min_tokens: Count = 0
     skip_special_tokens: bool = True
     # vLLM's: accepted for compatibility; byte-level detokenizing never puts spaces between special tokens,
     # which is what vLLM does with a fast tokenizer whatever this says
@@ -122,27 +134,28 @@ class CommonRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     response_format: ResponseFormat | None = None
     # vLLM's constrained decoding: at most one of these (or response_format); the backend name is accepted
     guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Meta(min_length=1)] | None = None
+    guided_grammar: Text | None = None
     guided_decoding_backend: str | None = None
 
 
 class CompletionRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
-    prompt: str | list[str | Int32 | list[Int32]]
-    max_tokens: Int32 | None = 16
-    logprobs: Int32 | None = None  # how many alternatives; 0: the sampled token's logprob only
+    # a text, texts, token ids or lists of token ids (not a mixture: service/openapi_rules.py says so)
+    prompt: Text | Annotated[list[Text | TokenId | Annotated[list[TokenId], Meta(min_length=1)]], Meta(min_length=1)]
+    max_tokens: Positive | None = 16
+    logprobs: TopLogprobs | None = None  # how many alternatives; 0: the sampled token's logprob only
     echo: bool | None = False
     suffix: str | None = None
     best_of: Int32 | None = None
 
 
 class ChatRequest(CommonRequest, kw_only=True, forbid_unknown_fields=True):
-    messages: list[ChatMessage]
-    max_tokens: Int32 | None = None  # None: up to the context
-    max_completion_tokens: Int32 | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: Positive | None = None  # None: up to the context
+    max_completion_tokens: Positive | None = None
     logprobs: bool | None = False
-    top_logprobs: Int32 | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # None: "auto" with tools, "none" without
     parallel_tool_calls: bool | None = None
@@ -157,7 +170,7 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool | None = None
@@ -167,4 +180,4 @@ class TokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
 
 class DetokenizeRequest(Struct, kw_only=True, forbid_unknown_fields=True):
     model: str | None = None
-    tokens: list[Int32]
+    tokens: list[TokenId]

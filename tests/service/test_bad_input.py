@@ -39,7 +39,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("too many top_logprobs", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 50}, 400, BAD,
      "top_logprobs"),
     ("top_logprobs without logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, BAD, "top_logprobs"),
-    ("empty stop string", CMPL, {"prompt": "a", "stop": [""]}, 400, BAD, "stop"),
+    ("empty stop string", CMPL, {"prompt": "a", "stop": [""]}, 400, BAD, "stop[0]"),
     ("unknown model", CMPL, {"prompt": "a", "model": "gpt-9"}, 404, BAD, "model"),
     ("unknown field", CMPL, {"prompt": "a", "frobnicate": 1}, 400, BAD, "frobnicate"),
     ("tool without a function", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, BAD,
@@ -54,7 +54,7 @@ CASES: list[tuple[str, str, Any, int, str, str | None]] = [
     ("unknown role", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, BAD, "messages[0].role"),
     ("message without role", CHAT, {"messages": [{"content": "hi"}]}, 400, BAD, "messages[0].role"),
     ("image content", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, BAD,
-     "messages[0].content"),
+     "messages[0].content[0].type"),
     ("body over the limit", CMPL, {"prompt": "x" * 100_000}, 413, BAD, None),
 ]
 

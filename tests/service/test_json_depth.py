@@ -41,7 +41,7 @@ def test_adversarial_text_is_scanned_in_linear_time(text: bytes) -> None:
 
 
 def test_the_decoders_recursion_error_is_a_400() -> None:
-    body = b'{"messages": [], "guided_json": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    body = b'{"messages": [{"role": "user"}], "guided_json": {"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
     with pytest.raises(APIError) as raised:
         decode(body, ChatRequest)
     assert raised.value.status == 400 and raised.value.code == "nesting_too_deep"

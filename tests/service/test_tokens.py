@@ -112,7 +112,7 @@ BAD: list[tuple[str, str, Any, int, str | None]] = [
     ("unknown field", "/tokenize", {"prompt": "a", "frobnicate": 1}, 400, "frobnicate"),
     ("unknown field detokenize", "/detokenize", {"tokens": [1], "frobnicate": 1}, 400, "frobnicate"),
     ("token id too large", "/detokenize", {"tokens": [1, 10**6]}, 400, "tokens"),
-    ("negative token id", "/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("negative token id", "/detokenize", {"tokens": [-1]}, 400, "tokens[0]"),
     ("token id past int32", "/detokenize", {"tokens": [2**40]}, 400, "tokens[0]"),
     ("missing tokens", "/detokenize", {}, 400, "tokens"),
     ("tokens not a list", "/detokenize", {"tokens": "abc"}, 400, "tokens"),
