@@ -7,6 +7,15 @@ from __future__ import annotations
 KV_CACHE_EXHAUSTED = "kv_cache_exhausted"
 ENGINE_FAILED = "engine_failed"  # a request ended because the engine failed (it serves nothing more)
 GRAMMAR_FAILED = "grammar_failed"  # a request's grammar broke mid-answer (a resource limit of the matcher: HTTP 400)
+ECHO_LIMIT = 256  # characters of a client's string an error message repeats
+
+
+def echoed(text: str, limit: int = ECHO_LIMIT) -> str:
+    """A client's string as an error message repeats it: whole when short, else its start and its length, so
+    that a 100 KB model name does not come back as a 100 KB error."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 class SchedulerError(Exception):
@@ -19,6 +28,15 @@ class InvalidRequestError(SchedulerError, ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class GrammarError(InvalidRequestError):
+    """A constraint the grammar engine cannot compile (HTTP 400): the message in our words, the engine's own
+    text in `detail`, for the log only."""
+
+    def __init__(self, message: str, param: str | None, detail: str) -> None:
+        super().__init__(message, param)
+        self.detail = detail
 
 
 class PromptTooLongError(InvalidRequestError):

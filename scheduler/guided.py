@@ -16,16 +16,17 @@ import json
 from collections.abc import Sequence as Seq
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
 from backends.base import IntArray
-from scheduler.errors import InvalidRequestError
+from scheduler.errors import GrammarError, InvalidRequestError
+from scheduler.guide_errors import NAMES, Kind, described
 
-GuideKind = Literal["json_schema", "regex", "choice", "lark"]
+GuideKind = Kind
 # Compact but readable JSON ("a": 1, "b": 2): with free whitespace a small model can fill its budget with blank
 # lines that the grammar allows.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -91,22 +92,31 @@ class GuideFactory:
 
     def compile(self, kind: GuideKind, value: Any, param: str) -> GuideSpec:
         """The spec of a constraint given as JSON schema (dict), regex (str), choices (list of str) or Lark
-        grammar (str); raises InvalidRequestError naming `param` when llguidance cannot compile it."""
+        grammar (str); raises GrammarError naming `param` when llguidance cannot compile it."""
         grammar = _grammar(kind, value, param)
         error: str | None = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer, limits=self.limits)
-        if not error:  # the first mask too: some limits are only met there
-            error = self._first_mask_error(grammar)
+        if not error:  # the first mask and token too: some limits are only met there
+            error = self._first_step_error(grammar)
         if error:
-            raise InvalidRequestError(f"{param}: the {_NAMES[kind]} cannot be used: {error.strip()}", param)
+            raise grammar_error(error, kind, param)
         return GuideSpec(grammar, kind)
 
-    def _first_mask_error(self, grammar: str) -> str | None:
+    def _first_step_error(self, grammar: str) -> str | None:
+        """The first mask's error, or the first allowed token's: a schema that requires itself (no finite
+        value) passes the mask and explodes on the first token, which would fail the request mid-answer."""
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self.limits)
-        llg_numpy.fill_next_token_bitmask(matcher, llg_numpy.allocate_token_bitmask(1, self.vocab_size))
+        bits = llg_numpy.allocate_token_bitmask(1, self.vocab_size)
+        llg_numpy.fill_next_token_bitmask(matcher, bits)
+        words = bits[0].view(np.uint32)
+        allowed = np.flatnonzero(words)
+        if not matcher.is_error() and allowed.size:
+            word = int(words[allowed[0]])
+            matcher.consume_token(int(allowed[0]) * 32 + (word & -word).bit_length() - 1)  # the lowest allowed id
         return matcher.get_error() if matcher.is_error() else None
 
     def guide(self, spec: GuideSpec) -> Guide:
-        return Guide(llguidance.LLMatcher(self.tokenizer, spec.grammar, log_level=0, limits=self.limits), self)
+        return Guide(llguidance.LLMatcher(self.tokenizer, spec.grammar, log_level=0, limits=self.limits), self,
+                     spec.kind)
 
     def masks(self, guides: Seq[Guide], positions: IntArray) -> PendingMasks:
         """Start computing the masks of `guides` (sampled at `positions`); the result is awaited by sampling."""
@@ -119,12 +129,9 @@ class GuideFactory:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-_NAMES = {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice list",
-          "lark": "grammar"}
-
-
-def _first_line(error: str) -> str:
-    return error.strip().splitlines()[0] if error.strip() else error
+def grammar_error(text: str, kind: GuideKind, param: str) -> GrammarError:
+    """The client's 400 for the engine's error `text`: our words, its text kept for the log."""
+    return GrammarError(f"{param}: the {NAMES[kind]} {described(text, kind)}", param, text.strip())
 
 
 def _grammar(kind: GuideKind, value: Any, param: str) -> str:
@@ -133,13 +140,13 @@ def _grammar(kind: GuideKind, value: Any, param: str) -> str:
     except InvalidRequestError:
         raise
     except (ValueError, TypeError, OverflowError) as exc:  # llguidance's own refusals (an integer past 64 bits)
-        raise InvalidRequestError(f"{param}: the {_NAMES[kind]} cannot be used: {exc}", param) from None
+        raise grammar_error(str(exc), kind, param) from None
 
 
 def _grammar_text(kind: GuideKind, value: Any, param: str) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     if len(text) > MAX_SPEC_CHARS:
-        raise InvalidRequestError(f"{param}: the {_NAMES[kind]} is longer than {MAX_SPEC_CHARS} characters", param)
+        raise InvalidRequestError(f"{param}: the {NAMES[kind]} is longer than {MAX_SPEC_CHARS} characters", param)
     if kind == "json_schema":
         if not isinstance(value, dict):
             raise InvalidRequestError(f"{param}: a JSON schema must be an object", param)
@@ -163,9 +170,10 @@ class Guide:
     """One sequence's place in its grammar. Touched by one thread at a time: the mask thread during a step,
     the engine's thread after it (Scheduler.update waits for the step's masks before consuming)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, factory: GuideFactory) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, factory: GuideFactory, kind: GuideKind = "lark") -> None:
         self.matcher = matcher
         self.factory = factory
+        self.kind = kind
 
     def consume(self, token: int) -> bool:
         """Follow a sampled token; True when the grammar is done (or broken) and the sequence must stop."""
@@ -174,7 +182,14 @@ class Guide:
 
     @property
     def error(self) -> str | None:
-        return _first_line(self.matcher.get_error()) if self.matcher.is_error() else None
+        """Why the grammar broke, in our words (the engine's text: `detail`); None while it holds."""
+        if not self.matcher.is_error():
+            return None
+        return f"the {NAMES[self.kind]} {described(self.detail, self.kind, 'follow')}"
+
+    @property
+    def detail(self) -> str:
+        return self.matcher.get_error().strip()
 
 
 class PendingMasks:

@@ -23,6 +23,7 @@ except for the few sequences that may have stopped.
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step import SchedulerPlan, StepUpdates, token_logprobs
 from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
+
+log = logging.getLogger("pagedserve.engine")
 
 AIM = 0.97  # of the ITL target, divided by the cost model's headroom: what prefill may fill a step up to
 _Columns = tuple[LongArray, IntArray, IntArray]  # rows, starts and counts of scheduled sequences
@@ -283,6 +286,7 @@ class Scheduler:
             if seq.guide is None or not seq.guide.consume(token) or seq.status.finished:
                 continue
             if seq.guide.error is not None:  # the engine fails the request (not a "stop": the text breaks the rule)
+                log.info("request %s: the grammar engine says: %s", seq.request_id, seq.guide.detail)
                 broken[seq.request_id] = seq.guide.error
                 continue
             self.finish(seq, SequenceStatus.FINISHED_STOPPED)

@@ -10,15 +10,19 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
+from scheduler.errors import echoed
 from service.config import ServiceConfig
 from service.errors import APIError, bad_request, printable
 from service.json_depth import exceeds_depth
+from service.surrogates import find_lone_surrogate
 
 T = TypeVar("T")
 MAX_JSON_DEPTH = 128  # far deeper than any real request (a tool's JSON schema included), far below recursion
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
+_AT = re.compile(r" - at `\$[^`]*`\Z")
+_QUOTED = re.compile(r"([`'])(.*)\1", re.DOTALL)  # from the first quote to the last of its kind: the client's text
 
 
 async def read_json(request: web.Request, type_: type[T], service: ServiceConfig) -> T:
@@ -53,7 +57,7 @@ def check_content(request: web.Request) -> None:
                        code="unsupported_content_encoding")
     if "Content-Type" in request.headers and request.content_type.lower() != "application/json":
         raise APIError(415, f"the request body must be JSON (Content-Type: application/json), not "
-                       f"{printable(request.content_type)}", code="unsupported_media_type")
+                       f"{echoed(printable(request.content_type))}", code="unsupported_media_type")
 
 
 def too_deep() -> APIError:
@@ -69,13 +73,26 @@ def decode(body: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
-        raise bad_request(f"invalid request: {exc}", _param(str(exc))) from None
+        message = str(exc)
+        param = _param(message)
+        raise bad_request(f"invalid request: {_bounded(message)}", echoed(param) if param else None) from None
     except msgspec.DecodeError as exc:
         if "UTF-8" in str(exc):
             raise bad_request("the request body is not valid UTF-8", code="invalid_utf8") from None
+        if lone := find_lone_surrogate(body):
+            raise bad_request(f"{lone.field} contains a lone UTF-16 surrogate ({lone.surrogate}), which is not "
+                              "valid text", lone.param, "invalid_text") from None
         raise bad_request(f"could not parse the JSON body of the request: {exc}", code="invalid_json") from None
     except RecursionError:  # not reached past exceeds_depth; kept so that no body can ever give a 500
         raise too_deep() from None
+
+
+def _bounded(message: str) -> str:
+    """msgspec's message with the client's string in it (an unknown field's name, an enum value) bounded; the
+    path at its end names our fields, list indexes and `[...]` for a dict's keys, never the client's text."""
+    found = _AT.search(message)
+    head, path = (message[:found.start()], found.group()) if found else (message, "")
+    return _QUOTED.sub(lambda m: m[1] + echoed(m[2]) + m[1], head, count=1) + path
 
 
 def _param(message: str) -> str | None:

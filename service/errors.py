@@ -12,6 +12,7 @@ from scheduler.errors import (
     GRAMMAR_FAILED,
     KV_CACHE_EXHAUSTED,
     EngineStoppedError,
+    GrammarError,
     InvalidRequestError,
     PromptTooLongError,
     QueueFullError,
@@ -28,8 +29,10 @@ class APIError(Exception):
     """Raised anywhere while handling a request; the error middleware turns it into the response."""
 
     def __init__(self, status: int, message: str, type_: str = INVALID, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None, close: bool = False) -> None:
-        """close: end the connection after the response (the request's bytes can no longer be trusted)."""
+                 code: str | None = None, headers: dict[str, str] | None = None, close: bool = False,
+                 detail: str | None = None) -> None:
+        """close: end the connection after the response (the request's bytes can no longer be trusted);
+        detail: what the server log says beside the answer (a library's own words, never sent)."""
         super().__init__(message)
         self.status = status
         self.message = message
@@ -38,6 +41,7 @@ class APIError(Exception):
         self.code = code
         self.headers = headers or {}
         self.close = close
+        self.detail = detail
 
     def info(self) -> ErrorInfo:
         return ErrorInfo(self.message, self.type, self.param, self.code)
@@ -84,6 +88,8 @@ def from_engine(exc: SchedulerError) -> APIError:
         return unavailable(f"the server is overloaded: {exc}", "queue_full", exc.retry_after)
     if isinstance(exc, EngineStoppedError):
         return shutting_down()
+    if isinstance(exc, GrammarError):
+        return APIError(400, str(exc), INVALID, exc.param, detail=exc.detail)
     if isinstance(exc, PromptTooLongError):
         return bad_request(str(exc), exc.param or "prompt", "context_length_exceeded")
     if isinstance(exc, InvalidRequestError):

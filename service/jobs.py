@@ -93,6 +93,10 @@ async def complete_job(engine: EngineLike, job: Job, streams: list[RequestStream
 
 
 def _flatten(finals: list[RequestOutput], n: int) -> list[ChoiceDelta]:
-    """Choices of every prompt in order: prompt i's choice j is choice i * n + j."""
+    """Choices of every prompt in order: prompt i's choice j is choice i * n + j; one the engine never ended
+    (it should not happen) says "abort" rather than no finish_reason."""
     by_index = {i * n + d.index: d for i, out in enumerate(finals) for d in out.choices}
-    return [by_index.get(k) or ChoiceDelta(k) for k in range(len(finals) * n)]
+    choices = [by_index.get(k) or ChoiceDelta(k) for k in range(len(finals) * n)]
+    for choice in choices:
+        choice.finish_reason = choice.finish_reason or "abort"
+    return choices

@@ -11,6 +11,7 @@ from prometheus_client import Counter
 from service.auth import authorized, needs_key
 from service.errors import INVALID, APIError, server_error
 from service.protocol import REFUSAL_KEY
+from service.request_id import REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
 _HTTP_TYPES = {401: "authentication_error", 404: "not_found_error", 405: INVALID, 413: INVALID}
@@ -23,6 +24,9 @@ def error_middleware() -> Middleware:
         try:
             return await handler(request)
         except APIError as exc:
+            if exc.detail:
+                log.info("%s %s, request %s: %s (%s)", request.method, request.path,
+                         request.get(REQUEST_ID_KEY), exc.message, exc.detail)
             return exc.response()
         except web.HTTPException as exc:  # raised by aiohttp itself: no such route, wrong method, ...
             if exc.status < 400:

@@ -1,6 +1,7 @@
 """Answer a job as Server-Sent Events: `data: {chunk}` per engine output, an optional usage chunk, then
-`data: [DONE]`. An error after the headers went out (engine failure, shutdown, timeout, a bug) becomes a
-final error event followed by [DONE], so the stream always ends cleanly."""
+`data: [DONE]`. An error after the headers went out (engine failure, shutdown, timeout, a bug) ends every choice
+not yet ended with finish_reason "abort" (vLLM's word for a cut request), then a final error event and [DONE],
+so the stream always ends cleanly and no choice is left without a finish_reason."""
 
 from __future__ import annotations
 
@@ -32,14 +33,15 @@ Finals = list[RequestOutput | None]
 async def stream_job(request: web.Request, engine: EngineLike, job: Job, streams: list[RequestStream],
                      fmt: Formatter, pacer: Pacer) -> web.StreamResponse:
     resp = web.StreamResponse(headers=SSE_HEADERS)
+    ended: set[int] = set()  # the choices whose finish_reason went out
     try:
         await resp.prepare(request)
-        tail = await _pump(resp, engine, job, streams, fmt, pacer)
+        tail = await _pump(resp, engine, job, streams, fmt, pacer, ended)
     except ConnectionError:
         return resp  # the client went away; run_job aborts what is left
     except Exception:  # a bug: the headers are gone, so say so in-band and end the stream cleanly
         log.exception("streaming %s failed", job.ident.id)
-        tail = error_event(server_error("internal error while streaming")) + DONE
+        tail = _after_bug(fmt, job, ended)
     try:
         await resp.write(tail)
         await resp.write_eof()
@@ -49,22 +51,22 @@ async def stream_job(request: web.Request, engine: EngineLike, job: Job, streams
 
 
 async def _pump(resp: web.StreamResponse, engine: EngineLike, job: Job, streams: list[RequestStream],
-                fmt: Formatter, pacer: Pacer) -> bytes:
+                fmt: Formatter, pacer: Pacer, ended: set[int]) -> bytes:
     """Relay the outputs under the request's timeout; return what closes the stream."""
     finals: Finals = [None] * len(streams)
     try:
         async with asyncio.timeout(job.timeout_s):
-            failed = await _relay(resp, job, streams, fmt, pacer, finals)
+            failed = await _relay(resp, job, streams, fmt, pacer, finals, ended)
     except TimeoutError:
-        return error_event(timed_out(job.timeout_s)) + DONE
+        return cut(fmt, job, ended, timed_out(job.timeout_s))
     if failed is not None and failed.error is not None:
-        return error_event(engine_failure(engine.accepting, failed.error, failed.error_code)) + DONE
+        return cut(fmt, job, ended, engine_failure(engine.accepting, failed.error, failed.error_code))
     usage = fmt.usage_chunk(usage_of([f for f in finals if f is not None])) if job.include_usage else b""
     return usage + DONE
 
 
 async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream], fmt: Formatter,
-                 pacer: Pacer, finals: Finals) -> RequestOutput | None:
+                 pacer: Pacer, finals: Finals, ended: set[int]) -> RequestOutput | None:
     """One event per output (several choices' chunks in one write) until every stream ends; returns the
     output that ended a request with an engine error, if one did."""
     prompt_tokens = sum(len(ids) for ids in job.prompts)
@@ -78,6 +80,7 @@ async def _relay(resp: web.StreamResponse, job: Job, streams: list[RequestStream
             usage = running_usage(prompt_tokens, finals) if job.continuous_usage else None
             if data := _event(fmt, out, i * n, usage):
                 await resp.write(data)
+            ended.update(i * n + d.index for d in out.choices if d.finish_reason)
             if out.error:
                 return out
             if not out.finished:
@@ -120,6 +123,21 @@ async def _forward(i: int, stream: RequestStream, queue: asyncio.Queue[tuple[int
     async for out in stream:
         await queue.put((i, out))
     await queue.put((i, None))
+
+
+def cut(fmt: Formatter, job: Job, ended: set[int], err: APIError) -> bytes:
+    """The end of a stream cut short: every choice not yet ended finishes with "abort", then the error."""
+    aborted = (fmt.chunk(k, ChoiceDelta(k, finish_reason="abort")) for k in range(job.num_choices) if k not in ended)
+    return b"".join(aborted) + error_event(err) + DONE
+
+
+def _after_bug(fmt: Formatter, job: Job, ended: set[int]) -> bytes:
+    err = server_error("internal error while streaming")
+    try:
+        return cut(fmt, job, ended, err)
+    except Exception:
+        log.exception("ending %s's choices failed", job.ident.id)
+        return error_event(err) + DONE
 
 
 def error_event(err: APIError) -> bytes:

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.errors import InvalidRequestError
+from scheduler.errors import InvalidRequestError, echoed
 from scheduler.guided import JSON_LAYOUT, GuideFactory, GuideSpec
 from service.errors import bad_request, from_engine
 from service.schemas.requests import ChatRequest, NamedToolChoice, Tool
@@ -53,7 +53,7 @@ def _check_names(tools: list[Tool]) -> None:
     names = [t.function.name for t in tools]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise bad_request(f"function names must be unique; repeated: {', '.join(repeated)}", "tools")
+        raise bad_request(f"function names must be unique; repeated: {echoed(', '.join(repeated))}", "tools")
 
 
 def _forced(tools: list[Tool], choice: Any) -> list[Tool]:
@@ -61,7 +61,7 @@ def _forced(tools: list[Tool], choice: Any) -> list[Tool]:
         return tools
     named = [t for t in tools if t.function.name == choice.function.name]
     if not named:
-        raise bad_request(f"tool_choice names function '{choice.function.name}', which is not in tools",
+        raise bad_request(f"tool_choice names function '{echoed(choice.function.name)}', which is not in tools",
                           "tool_choice")
     return named
 

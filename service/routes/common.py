@@ -8,6 +8,7 @@ from dataclasses import replace
 import msgspec
 from aiohttp import web
 
+from scheduler.errors import echoed
 from scheduler.params import SamplingParams
 from service.errors import JSON_CONTENT, RETRY_AFTER_S, APIError, bad_request, engine_failed, shutting_down, unavailable
 from service.formats import Identity
@@ -43,7 +44,7 @@ def served_model(request: web.Request, asked: str | None) -> str:
     state = request.app[STATE_KEY]
     name = state.model_name
     if asked is not None and asked not in state.model_names:
-        raise APIError(404, f"The model `{asked}` does not exist (this server serves `{name}`).",
+        raise APIError(404, f"The model `{echoed(asked)}` does not exist (this server serves `{name}`).",
                        param="model", code="model_not_found")
     return name
 
