@@ -45,7 +45,7 @@ bench-kv: $(STAMP)
 
 # The long reliability runs of docs/RELIABILITY.md, one after another (about 5 minutes); each exits non-zero
 # when a target fails.
-RELIABILITY_RUNS := soak fuzz faults overload drain slow_clients big_prompts
+RELIABILITY_RUNS := soak fuzz faults overload drain slow_clients big_prompts heavy_chat
 bench-reliability: $(STAMP)
 	set -e; for run in $(RELIABILITY_RUNS); do $(BIN)/python -m bench.reliability.$$run; done
 

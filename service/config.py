@@ -58,6 +58,15 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class ChatLimits:
+    """What a chat request may hold, checked before it is rendered (service/chat_limits.py)."""
+
+    max_messages: int
+    max_tools: int
+    max_tool_bytes: int
+
+
+@dataclass(frozen=True)
 class ServiceConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port (the bound address is logged)
@@ -87,6 +96,10 @@ class ServiceConfig:
     log_level: str = "info"
     preset: str | None = None  # one of PRESETS, applied under every setting given explicitly
     cors_allow_origins: tuple[str, ...] = ()  # empty: no CORS headers; "*": any origin, never with credentials
+
+    @property
+    def chat_limits(self) -> ChatLimits:
+        return ChatLimits(self.max_messages, self.max_tools, self.max_tool_bytes)
 
     @property
     def health(self) -> HealthLimits:

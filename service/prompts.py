@@ -7,7 +7,8 @@ from typing import Any
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from backends.model.tokenizer import Tokenizer
-from service.errors import bad_request
+from scheduler.errors import echoed
+from service.errors import APIError, bad_request
 from service.schemas.requests import ChatMessage, ContentPart, Tool
 from service.tool_prompt import call_dicts, generic_messages, knows_tools, tool_dicts
 
@@ -64,6 +65,7 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
     """The conversation through the chat template; `tools` (None: none offered) as service/tool_prompt.py says."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
+    check_tool_messages(messages)
     plain = [_plain(m, i) for i, m in enumerate(messages)]
     native = knows_tools(template)
     if not native:
@@ -74,6 +76,39 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return _checked(_encode(text, tokenizer, max_model_len, "messages"), tokenizer, "messages")
+
+
+def check_tool_messages(messages: Sequence[ChatMessage]) -> None:
+    """OpenAI's rules for tool results: each `tool` message names, in tool_call_id, a call of the assistant
+    message before its run of tool messages, and every such call gets its result before the next message."""
+    unanswered: dict[str, None] = {}
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            _check_tool_result(message, i, unanswered)
+            continue
+        if unanswered:
+            raise _unanswered(unanswered, i)
+        unanswered = dict.fromkeys(call.id for call in message.tool_calls or ())
+    # calls still unanswered after the last message are what the model is asked to follow up on: allowed
+
+
+def _check_tool_result(message: ChatMessage, index: int, unanswered: dict[str, None]) -> None:
+    param = f"messages[{index}].tool_call_id"
+    if message.tool_call_id is None:
+        raise bad_request(f"messages[{index}] has role 'tool' but no tool_call_id: a tool message must name the "
+                          "call it answers", param, "missing_tool_call_id")
+    if message.tool_call_id not in unanswered:
+        raise bad_request(f"messages[{index}] has role 'tool' but answers no call of the assistant message before "
+                          f"it ({echoed(message.tool_call_id)} is not among its unanswered tool_calls)", param,
+                          "invalid_tool_call_id")
+    del unanswered[message.tool_call_id]
+
+
+def _unanswered(calls: dict[str, None], index: int) -> APIError:
+    names = ", ".join(echoed(call) for call in list(calls)[:8])
+    return bad_request(f"an assistant message with tool_calls must be followed by a tool message for each call; "
+                       f"before messages[{index}], these have none: {names}", f"messages[{index}]",
+                       "missing_tool_result")
 
 
 def _plain(message: ChatMessage, index: int) -> dict[str, Any]:

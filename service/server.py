@@ -39,6 +39,7 @@ from backends.registry import available
 from scheduler.guided import GuideFactory
 from service.assemble import build_engine, build_parts, calibrated_cost, model_name, model_names
 from service.auth import load_keys
+from service.chat_limits import tokens_per_message
 from service.config import AppConfig, telemetry_config
 from service.config_cmd import ConfigCommand, config_from, setup_logging
 from service.cors import cors_headers, cors_middleware
@@ -134,7 +135,7 @@ def create_app(config: AppConfig, build: RuntimeBuilder | None = None) -> web.Ap
     app[CONFIG_KEY] = config
     app[STATE_KEY] = state
     app[REGISTRY_KEY] = registry
-    app[ENCODER_KEY] = PromptEncoder(config.service.tokenizer_threads)
+    app[ENCODER_KEY] = PromptEncoder(config.service.tokenizer_threads, config.service.tokenizer_queue)
     app.cleanup_ctx.append(_lifecycle(build or build_runtime))
     _add_routes(app)
     return app
@@ -191,7 +192,9 @@ async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> R
     telemetry = Telemetry(telemetry_config(config.telemetry, model_name(config), os.environ))
     guides = await asyncio.to_thread(GuideFactory, parts.files.tokenizer)
     engine = build_engine(config, parts, observer=telemetry, cost=cost, guides=guides)
-    return Runtime(engine, parts.files.tokenizer, parts.files.chat_template, telemetry, guides)
+    files = parts.files
+    return Runtime(engine, files.tokenizer, files.chat_template, telemetry, guides,
+                   tokens_per_message(files.chat_template, files.tokenizer))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

@@ -72,6 +72,7 @@ class Runtime:
     chat_template: ChatTemplate
     telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
     guides: GuideFactory | None = None  # compiles requests' grammars; None: constrained decoding is refused
+    message_tokens: int = 0  # the fewest tokens a chat message renders to (service/chat_limits.py); 0: unknown
 
 
 RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]

@@ -16,6 +16,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -26,12 +27,22 @@ from bench.stats import pct
 ATTACKS = {"1.9 MB prompts": "word " * 380_000, "600 KB prompts": "word " * 120_000}
 
 
+@dataclass(frozen=True)
+class Attack:
+    """Bodies posted to `path` back to back, one client per body."""
 
-async def attacker(session: aiohttp.ClientSession, url: str, until: float, prompt: str, tally: Tally) -> None:
-    data = json.dumps({"prompt": prompt, "max_tokens": 1}).encode()  # once: the attacker's own cost is not the test
+    path: str
+    bodies: tuple[bytes, ...]
+
+
+def prompt_attack(prompt: str) -> Attack:
+    return Attack("/v1/completions", (json.dumps({"prompt": prompt, "max_tokens": 1}).encode(),))
+
+
+async def attacker(session: aiohttp.ClientSession, url: str, until: float, data: bytes, tally: Tally) -> None:
+    """Posts `data` (encoded once: the attacker's own cost is not the test) until `until`."""
     while time.monotonic() < until:
-        async with session.post(url + "/v1/completions", data=data,
-                                headers={"Content-Type": "application/json"}) as resp:
+        async with session.post(url, data=data, headers={"Content-Type": "application/json"}) as resp:
             await resp.read()
             tally.add(f"attack answered {resp.status}")
 
@@ -45,14 +56,15 @@ async def prober(session: aiohttp.ClientSession, url: str, until: float, latenci
         await asyncio.sleep(0.05)
 
 
-async def phase(url: str, seconds: float, streams: int, attack: str | None, tally: Tally
+async def phase(url: str, seconds: float, streams: int, attack: Attack | None, tally: Tally
                 ) -> tuple[list[float], list[float]]:
+    """Gaps between the neighbours' chunks and /health's latencies, with `attack` going on (None: alone)."""
     gaps, health = list[float](), list[float]()
     until = time.monotonic() + seconds
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         work = [neighbour(session, url, until, gaps) for _ in range(streams)] + [prober(session, url, until, health)]
         if attack is not None:
-            work.append(attacker(session, url, until, ATTACKS[attack], tally))
+            work += [attacker(session, url + attack.path, until, data, tally) for data in attack.bodies]
         await asyncio.gather(*work)
     return gaps, health
 
@@ -60,17 +72,17 @@ async def phase(url: str, seconds: float, streams: int, attack: str | None, tall
 async def run(url: str, seconds: float, streams: int) -> tuple[list[str], bool]:
     tally, lines, checks = Tally(), [f"big prompts: {streams} neighbour streams, {seconds:g} s a phase"], {}
     alone, health = await phase(url, seconds, streams, None, tally)
-    lines.append(_line("alone", alone, health))
-    for attack in ATTACKS:
-        gaps, health = await phase(url, seconds, streams, attack, tally)
-        lines.append(_line(f"with {attack}", gaps, health))
+    lines.append(gap_line("alone", alone, health))
+    for attack, prompt in ATTACKS.items():
+        gaps, health = await phase(url, seconds, streams, prompt_attack(prompt), tally)
+        lines.append(gap_line(f"with {attack}", gaps, health))
         checks[f"with {attack}: gap p99 within 2x alone"] = pct(gaps, 0.99) <= 2 * pct(alone, 0.99)
     checks["every attack refused with 400"] = set(tally.counts) == {"attack answered 400"}
     marks, ok = verdict(checks)
     return [*lines, *tally.lines(), *marks], ok
 
 
-def _line(label: str, gaps: list[float], health: list[float]) -> str:
+def gap_line(label: str, gaps: list[float], health: list[float]) -> str:
     return (f"  {label:22s} gaps p50 {pct(gaps, 0.5) * 1e3:5.1f} ms, p99 {pct(gaps, 0.99) * 1e3:5.1f} ms, "
             f"max {max(gaps) * 1e3:6.1f} ms; /health p99 {pct(health, 0.99) * 1e3:.1f} ms")
 

@@ -4,10 +4,19 @@
 
 One server per kind (sim backend, cpu profile), `--concurrency` clients, one choice per request, the fault
 on every 25th step up to the 250th (the load takes about 300):
-  step_error           failed requests == the sequences of the failed steps, as the server logged each one;
-                       every failure is a 500 `engine_error` or an in-band error naming the injected fault
+  step_error           passing faults: each failed step is re-run in halves, every half succeeds, nobody fails
+  step_error, no re-run  (--failed-step-retry-s 0) failed requests == the sequences of the failed steps, as the
+                       server logged each one; every failure is a 500 `engine_error` or an in-band error naming
+                       the injected fault
   bad_token            one request per fired fault fails ("outside the vocabulary"), its neighbours finish
   slow_step:0.2        nobody fails; it only costs time
+  poison@40,80,..      (by request, not step) exactly the poisoned requests fail, one per poison, whatever
+                       batch they shared
+Then, each on a server of its own:
+  hang:4@10            (stall_report_s 1) /health 503 "degraded" within stall_report_s + 1 s of the last token,
+                       200 again once the step returns; nobody fails
+  step_error%100       /health 503 within 10 s of the first failure (degraded, then unhealthy once 5 steps in a
+                       row have failed and the engine gives up)
   hang@10              /health turns 503 within step_timeout_s + 1 s of the last token, every open stream ends
                        with 503 `engine_failed`, and the process exits with status 3
 After each non-fatal drill a new request succeeds, /health is 200 and nothing is left running or held.
@@ -21,7 +30,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -31,7 +40,8 @@ from bench.reliability.common import settle, verdict
 
 SERVER = ("--backend", "sim", "--sim-profile", "cpu", "--max-num-seqs", "16")
 STEP_FAILED = re.compile(r"engine step \d+ failed \((\w+)\); failing its (\d+) sequences: .*?on step (\d+)")
-ANY_STEP_FAILED = re.compile(r"engine step \d+ failed")
+ANY_STEP_FAILED = re.compile(r"engine step \d+ failed \(\w+\); failing its")  # logged with a traceback
+CLEARED = "every part succeeded when re-run"
 HANG_TIMEOUT_S = 2.0
 
 
@@ -116,7 +126,8 @@ def logged_steps(log: str) -> dict[int, int]:
 
 async def drill(kind: str, spec: str, args: argparse.Namespace) -> tuple[list[str], bool]:
     seen = Seen()
-    with Server([*SERVER, "--sim-faults", spec, "--sim-seed", str(args.seed)]) as server:
+    retry = ["--failed-step-retry-s", "0"] if kind == "step_error, no re-run" else []
+    with Server([*SERVER, *retry, "--sim-faults", spec, "--sim-seed", str(args.seed)]) as server:
         await load(server.url, args.requests, args.concurrency, seen)
         healthy, state = await after_drill(server.url)
         log = server.log_text()
@@ -132,6 +143,13 @@ async def drill(kind: str, spec: str, args: argparse.Namespace) -> tuple[list[st
 
 def _kind_checks(kind: str, seen: Seen, log: str) -> dict[str, bool]:
     if kind == "step_error":
+        return {"nobody failed": not seen.failures,
+                "every failed step was re-run in parts and cleared": log.count(CLEARED) == 10}
+    if kind == "poison":
+        poisoned = [f for f in seen.failures if "injected poison" in f]
+        return {"exactly the poisoned requests failed, one per poison": len(poisoned) == len(seen.failures) ==
+                len(POISONED)}
+    if kind == "step_error, no re-run":
         return {"failed requests == the failed steps' sequences, step by step":
                 bool(seen.failures) and dict(seen.failed_by_step) == logged_steps(log),
                 "every failure is the injected one": all("injected step_error" in f for f in seen.failures)}
@@ -164,16 +182,64 @@ async def hang_drill(args: argparse.Namespace) -> tuple[list[str], bool]:
     return [*lines, *marks], ok
 
 
-async def _until_unhealthy(url: str, seen: Seen, timeout: float = 30.0) -> float:
-    """Seconds from the last token any client got to /health's first 503 (inf if it never came)."""
+async def stall_drill(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """A step held for 4 s, well under the watchdog's limit: reported as stalled, then healthy again."""
+    seen, spec = Seen(), "hang:4@10"
+    with Server([*SERVER, "--sim-faults", spec, "--stall-report-s", "1"]) as server:
+        loading = asyncio.create_task(load(server.url, args.concurrency, args.concurrency, seen))
+        degraded_after, body = await _first_503(server.url, lambda: seen.last_token)
+        await loading
+        healthy, state = await after_drill(server.url)
+    lines = [f"{spec} (stall_report_s 1): /health 503 {degraded_after:.2f} s after the last token, saying {body}; "
+             f"{seen.ok} ok, {len(seen.failures)} failed; after: {state}"]
+    marks, ok = verdict({"/health 503 degraded within stall_report_s + 1 s (2 s)": degraded_after <= 2.0
+                         and '"degraded"' in body, "nobody failed": not seen.failures and not seen.unexpected,
+                         "a new request succeeds, /health 200, idle": healthy})
+    return [*lines, *marks], ok
+
+
+async def failing_drill(args: argparse.Namespace) -> tuple[list[str], bool]:
+    """Every step fails: how soon /health stops sending traffic here."""
+    seen, spec = Seen(), "step_error%100"
+    first_failure: list[float] = []
+
+    def failed_at() -> float:
+        return first_failure[0] if first_failure else float("inf")
+
+    with Server([*SERVER, "--sim-faults", spec]) as server:
+        loading = asyncio.create_task(load(server.url, args.concurrency * 4, args.concurrency, seen))
+        watching = asyncio.create_task(_first_failure(seen, first_failure))
+        after, body = await _first_503(server.url, failed_at)
+        await loading
+        watching.cancel()
+    lines = [f"{spec}: /health 503 {after:.2f} s after the first failure, saying {body}; {seen.ok} ok, "
+             f"{len(seen.failures)} failed"]
+    marks, ok = verdict({"/health 503 within 10 s of the first failure": after <= 10.0,
+                         "nobody succeeded": seen.ok == 0})
+    return [*lines, *marks], ok
+
+
+async def _first_failure(seen: Seen, at: list[float]) -> None:
+    while not seen.failures:
+        await asyncio.sleep(0.005)
+    at.append(time.monotonic())
+
+
+async def _first_503(url: str, since: Callable[[], float], timeout: float = 30.0) -> tuple[float, str]:
+    """Seconds from `since()` to /health's first 503 (inf if it never came), and what it said."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             async with session.get(url + "/health") as health:
                 if health.status == 503:
-                    return time.monotonic() - seen.last_token
+                    return time.monotonic() - since(), (await health.text())
             await asyncio.sleep(0.02)
-    return float("inf")
+    return float("inf"), ""
+
+
+async def _until_unhealthy(url: str, seen: Seen, timeout: float = 30.0) -> float:
+    """Seconds from the last token any client got to /health's first 503 (inf if it never came)."""
+    return (await _first_503(url, lambda: seen.last_token, timeout))[0]
 
 
 def _wait_exit(server: Server, timeout: float = 15.0) -> int | None:
@@ -189,8 +255,10 @@ def on_steps(fault: str, every: int = 25, last: int = 250) -> str:
     return ",".join(f"{fault}@{step}" for step in range(every, last + 1, every))
 
 
-DRILLS = (("step_error", on_steps("step_error")), ("bad_token", on_steps("bad_token")),
-          ("slow_step", on_steps("slow_step:0.2")))
+POISONED = range(40, 400, 40)  # sequence ids: with one choice a request, the 40th, 80th, ... request
+DRILLS = (("step_error", on_steps("step_error")), ("step_error, no re-run", on_steps("step_error")),
+          ("bad_token", on_steps("bad_token")), ("slow_step", on_steps("slow_step:0.2")),
+          ("poison", ",".join(f"poison@{i}" for i in POISONED)))
 
 
 async def all_drills(args: argparse.Namespace) -> tuple[list[str], bool]:
@@ -199,8 +267,10 @@ async def all_drills(args: argparse.Namespace) -> tuple[list[str], bool]:
     for kind, spec in DRILLS:
         more, passed = await drill(kind, spec, args)
         lines, ok = [*lines, *more], ok and passed
-    more, passed = await hang_drill(args)
-    return [*lines, *more], ok and passed
+    for health_drill in (stall_drill, failing_drill, hang_drill):
+        more, passed = await health_drill(args)
+        lines, ok = [*lines, *more], ok and passed
+    return lines, ok
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

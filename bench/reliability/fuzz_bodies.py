@@ -112,7 +112,9 @@ def _servable(model: str) -> dict[str, dict[str, Schema]]:
                         "max_completion_tokens": _opt(_int(1, 16)), "top_logprobs": {"enum": [None, 0]},
                         "tools": _opt(_array({}, 0, 0)),
                         "tool_choice": {"enum": [None, "none"]}},  # a forced call needs tools
-        "ChatMessage": {"content": content},
+        # a tool result must answer a call of the assistant message before it (OpenAI's order): none generated
+        "ChatMessage": {"content": content, "role": {"enum": ["system", "developer", "user", "assistant"]},
+                        "tool_calls": NULL},
     }
 
 

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from scheduler.guided import GuideFactory, GuideSpec
 from service.body import read_json
+from service.chat_limits import check_length, read_chat_body
 from service.errors import bad_request
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
 from service.guided import guide_of, has_constraint
@@ -23,7 +24,7 @@ from service.prompts import (
 from service.routes.common import check_choices, make_job, runtime_of, served_model
 from service.schemas.requests import ChatRequest, CompletionRequest
 from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
-from service.tokenize import message_chars, prompt_chars
+from service.tokenize import prompt_chars
 from service.tools import NO_TOOLS, ToolUse, tool_use
 from service.transcript import with_transcript
 
@@ -47,18 +48,20 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    runtime = runtime_of(request)
-    req = await read_json(request, ChatRequest, request.app[CONFIG_KEY].service)
+    """Everything whose cost grows with the request (decoding a big body, tools, rendering, tokenizing) runs on
+    the tokenizer threads, after the cheap checks of service/chat_limits.py have bounded it."""
+    runtime, encoder = runtime_of(request), request.app[ENCODER_KEY]
+    req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest)
     model = served_model(request, req.model)
-    tools, guide = (await request.app[ENCODER_KEY].off_loop(_chat_guidance, req, runtime.guides)
-                    if has_constraint(req) or req.tools or req.tool_choice is not None else (NO_TOOLS, None))
-    params = chat_params(req, guide)
     max_len = runtime.engine.max_model_len
     keep = truncation(req.truncate_prompt_tokens, max_len)
-    prompt = await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages,
-                                                runtime.chat_template, runtime.tokenizer,
-                                                encode_limit(max_len, keep), req.add_generation_prompt,
-                                                tools.offered)
+    if keep is None:
+        check_length(req.messages, runtime.message_tokens, runtime.tokenizer, max_len)
+    tools, guide = (await encoder.off_loop(_chat_guidance, req, runtime.guides)
+                    if has_constraint(req) or req.tools or req.tool_choice is not None else (NO_TOOLS, None))
+    params = chat_params(req, guide)
+    prompt = await encoder.off_loop(chat_prompt, req.messages, runtime.chat_template, runtime.tokenizer,
+                                    encode_limit(max_len, keep), req.add_generation_prompt, tools.offered)
     prompts = truncated([prompt], keep)
     check_context(prompts, params.max_tokens, max_len, "messages")
     job = make_job(request, "chatcmpl", model, prompts, params, req)

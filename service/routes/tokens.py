@@ -11,13 +11,13 @@ from aiohttp import web
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from service.body import read_json
+from service.chat_limits import read_chat_body
 from service.errors import bad_request
 from service.prompts import TokenIds, chat_prompt
 from service.routes.common import json_response, runtime_of, served_model
 from service.schemas.requests import DetokenizeRequest, TokenizeRequest
 from service.schemas.responses import DetokenizeResponse, TokenizeResponse
 from service.state import CONFIG_KEY, ENCODER_KEY, Runtime
-from service.tokenize import message_chars
 
 # No context-length check: a client asks /tokenize precisely to learn whether a text fits (vLLM does not refuse
 # either); the body size limit bounds the work.
@@ -26,7 +26,7 @@ UNLIMITED = 2**62
 
 async def tokenize(request: web.Request) -> web.Response:
     runtime = runtime_of(request)
-    req = await read_json(request, TokenizeRequest, request.app[CONFIG_KEY].service)
+    req = await read_chat_body(request, request.app[CONFIG_KEY].service, request.app[ENCODER_KEY], TokenizeRequest)
     served_model(request, req.model)
     ids = await (_prompt_ids if req.prompt is not None else _chat_ids)(request, req, runtime)
     strs = [runtime.tokenizer.fast.id_to_token(i) or "" for i in ids] if req.return_token_strs else None
@@ -67,8 +67,8 @@ async def _chat_ids(request: web.Request, req: TokenizeRequest, runtime: Runtime
     template = runtime.chat_template
     if req.continue_final_message:
         template = _Continued(template.source, template.bos_token, template.eos_token)
-    return await request.app[ENCODER_KEY].run(message_chars(req.messages), chat_prompt, req.messages, template,
-                                              runtime.tokenizer, UNLIMITED, req.add_generation_prompt, req.tools)
+    return await request.app[ENCODER_KEY].off_loop(chat_prompt, req.messages, template, runtime.tokenizer, UNLIMITED,
+                                                   req.add_generation_prompt, req.tools)
 
 
 class _Continued(ChatTemplate):

@@ -1,0 +1,192 @@
+"""Heavy chat requests cost their sender: too many messages or tools, or too many bytes of tools, are refused
+before anything is rendered; messages that cannot fit the context are refused before rendering by a bound
+that never exceeds the rendered prompt's real length; every chat is rendered on the tokenizer threads; the
+threads' queue is bounded (503 tokenizer_busy with Retry-After); a neighbour's stream is unharmed. OpenAI's
+rules for tool messages hold."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from backends.model.chat_template import ChatTemplate
+from backends.model.loader import ModelFiles
+from service.chat_limits import check_length, tokens_per_message
+from service.config import ServiceConfig
+from service.errors import APIError
+from service.prompts import chat_prompt
+from service.schemas.requests import ChatMessage
+from service.tokenize import PromptEncoder
+from tests.service.live import LiveServer, cached_builder, sim_config
+from tests.service.rawhttp import post, sse_events
+
+CHAT, TOKENIZE = "/v1/chat/completions", "/tokenize"
+
+
+@pytest.fixture(scope="module")
+def server(model_files: ModelFiles) -> Iterator[LiveServer]:
+    limits = ServiceConfig(port=0, max_messages=50, max_tools=4, max_tool_bytes=2000)
+    started = LiveServer.start(sim_config(limits, profile="cpu"), cached_builder(model_files))
+    yield started
+    started.close()
+
+
+def tool(i: int, description: str = "does a thing") -> dict[str, Any]:
+    return {"type": "function", "function": {"name": f"tool_{i}", "description": description,
+                                             "parameters": {"type": "object", "properties": {}}}}
+
+
+def turns(count: int, text: str = "hi") -> list[dict[str, str]]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": text} for i in range(count)]
+
+
+def refusal(reply: Any, code: str, param: str) -> str:
+    assert reply.status == 400, reply.body
+    error = reply.error()
+    assert (error["code"], error["param"]) == (code, param)
+    return str(error["message"])
+
+
+@pytest.mark.parametrize("path", [CHAT, TOKENIZE])
+@pytest.mark.parametrize(("body", "code", "param", "says"), [
+    ({"messages": turns(51)}, "too_many_messages", "messages", "at most 50 messages"),
+    ({"messages": turns(1), "tools": [tool(i) for i in range(5)]}, "too_many_tools", "tools", "at most 4 tools"),
+    ({"messages": turns(1), "tools": [tool(0, "x" * 2000)]}, "tools_too_large", "tools", "at most 2000 are"),
+])
+def test_limits_refuse_before_rendering(server: LiveServer, monkeypatch: pytest.MonkeyPatch, path: str,
+                                        body: dict[str, Any], code: str, param: str, says: str) -> None:
+    rendered: list[int] = []
+    real = ChatTemplate.render
+    monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
+    assert says in refusal(post(server.url + path, body), code, param)
+    assert rendered == []
+    at_limit = {**body, "messages": turns(49), "tools": [tool(i) for i in range(4)], "max_tokens": 1}
+    assert post(server.url + CHAT, at_limit).status == 200  # at the limits: served
+
+
+def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    rendered: list[int] = []
+    real = ChatTemplate.render
+    monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
+    body = {"messages": [{"role": "user", "content": "word " * 140_000}]}  # 700 KB: over 8192 x 81 bytes
+    message = refusal(post(server.url + CHAT, body), "context_length_exceeded", "messages")
+    assert "has at least 8647 tokens" in message and rendered == []
+
+
+def test_the_length_bound_never_exceeds_the_rendered_prompt(model_files: ModelFiles) -> None:
+    per_message = tokens_per_message(model_files.chat_template, model_files.tokenizer)
+    assert per_message == 5  # SmolLM2's "<|im_start|>user\n" and "<|im_end|>\n" around an empty turn
+    texts = ["", "hi", "héllo wörld 🌍 " * 40, "a" * 3000, "def f(x):\n    return x ** 2\n" * 30, "ok?"]
+    for count in (1, 2, 7, 40):
+        messages = [ChatMessage(role="user" if i % 2 == 0 else "assistant", content=texts[i % len(texts)])
+                    for i in range(count)]
+        real = len(chat_prompt(messages, model_files.chat_template, model_files.tokenizer, 10**9))
+        check_length(messages, per_message, model_files.tokenizer, real + 1)  # a bound at most the real length
+        with pytest.raises(APIError):
+            check_length(messages, per_message, model_files.tokenizer, count * per_message)
+
+
+def test_a_template_that_cannot_render_empty_turns_gives_no_bound(model_files: ModelFiles) -> None:
+    refusing = ChatTemplate("{{ raise_exception('no empty turns') }}", "", "")
+    assert tokens_per_message(refusing, model_files.tokenizer) == 0
+
+
+def test_every_chat_is_rendered_on_the_tokenizer_threads(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+    real = ChatTemplate.render
+    monkeypatch.setattr(ChatTemplate, "render",
+                        lambda self, *a, **k: threads.append(threading.current_thread().name) or real(self, *a, **k))
+    assert post(server.url + CHAT, {"messages": turns(1), "max_tokens": 1}).status == 200
+    assert len(threads) == 1 and threads[0].startswith("pagedserve-tokenize")
+
+
+def test_a_full_queue_is_refused_with_retry_after() -> None:
+    release = threading.Event()
+
+    async def body() -> tuple[APIError, int]:
+        encoder = PromptEncoder(threads=1, queue=2)
+        held = [asyncio.ensure_future(encoder.off_loop(release.wait, 10)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(APIError) as refused:
+            await encoder.off_loop(len, "x")
+        held[0].cancel()  # a caller that left: its job still counts until it ends
+        await asyncio.sleep(0.05)
+        with pytest.raises(APIError):
+            await encoder.off_loop(len, "x")
+        release.set()
+        await asyncio.gather(held[1])
+        await asyncio.sleep(0.05)
+        served = await encoder.off_loop(len, "xyz")
+        encoder.close()
+        return refused.value, served
+
+    try:
+        error, served = asyncio.run(body())
+    finally:
+        release.set()
+    assert (error.status, error.code, error.headers) == (503, "tokenizer_busy", {"Retry-After": "1"})
+    assert served == 3
+
+
+def test_a_neighbours_stream_is_unharmed_by_refused_heavy_chats(server: LiveServer) -> None:
+    heavy = {"messages": turns(60), "tools": [tool(i) for i in range(9)]}
+
+    async def scenario() -> tuple[list[Any], list[int]]:
+        async with aiohttp.ClientSession() as session:
+            async def neighbour() -> list[Any]:
+                body = {"messages": turns(1), "max_tokens": 24, "stream": True, "ignore_eos": True}
+                async with session.post(server.url + CHAT, json=body) as reply:
+                    return sse_events(await reply.read())
+
+            async def attacker() -> list[int]:
+                statuses = []
+                for _ in range(20):
+                    async with session.post(server.url + CHAT, json=heavy) as reply:
+                        statuses.append(reply.status)
+                return statuses
+
+            events, statuses = await asyncio.gather(neighbour(), attacker())
+            return events, statuses
+
+    events, statuses = asyncio.run(scenario())
+    assert set(statuses) == {400}
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    assert sum(1 for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")) >= 20
+
+
+# --- OpenAI's rules for tool messages ---------------------------------------------------------------------------
+def call(ident: str) -> dict[str, Any]:
+    return {"id": ident, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+
+
+ASKED = {"role": "user", "content": "weather?"}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]}
+
+
+@pytest.mark.parametrize(("messages", "code", "param"), [
+    ([ASKED, CALLED, {"role": "tool", "content": "sunny"}], "missing_tool_call_id", "messages[2].tool_call_id"),
+    ([ASKED, {"role": "tool", "content": "sunny", "tool_call_id": "a"}], "invalid_tool_call_id",
+     "messages[1].tool_call_id"),
+    ([ASKED, CALLED, {"role": "tool", "content": "sunny", "tool_call_id": "c"}], "invalid_tool_call_id",
+     "messages[2].tool_call_id"),
+    ([ASKED, CALLED, {"role": "tool", "content": "sunny", "tool_call_id": "a"},
+      {"role": "tool", "content": "again", "tool_call_id": "a"}], "invalid_tool_call_id", "messages[3].tool_call_id"),
+    ([ASKED, CALLED, {"role": "tool", "content": "sunny", "tool_call_id": "a"}, ASKED], "missing_tool_result",
+     "messages[3]"),
+])
+def test_tool_messages_are_checked_as_openai_checks_them(server: LiveServer, messages: list[Any], code: str,
+                                                         param: str) -> None:
+    refusal(post(server.url + CHAT, {"messages": messages}), code, param)
+
+
+def test_answered_tool_calls_are_served(server: LiveServer) -> None:
+    answered = [ASKED, CALLED, {"role": "tool", "content": "sunny", "tool_call_id": "b"},
+                {"role": "tool", "content": "rainy", "tool_call_id": "a"}]
+    assert post(server.url + CHAT, {"messages": answered, "max_tokens": 2}).status == 200
+    assert post(server.url + CHAT, {"messages": [ASKED, CALLED], "max_tokens": 2}).status == 200  # to follow up
