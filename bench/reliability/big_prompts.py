@@ -15,8 +15,9 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -87,21 +88,29 @@ def gap_line(label: str, gaps: list[float], health: list[float]) -> str:
             f"max {max(gaps) * 1e3:6.1f} ms; /health p99 {pct(health, 0.99) * 1e3:.1f} ms")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: Sequence[str] | None = None, doc: str | None = __doc__) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--streams", type=int, default=4)
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    server_args = ["--backend", "sim", "--sim-profile", "cpu", "--max-body-bytes", str(4 * 1024 * 1024)]
+Run = Callable[[str, float, int], Coroutine[Any, Any, tuple[list[str], bool]]]  # (url, seconds, streams) -> lines, ok
+
+
+def serve_attacks(argv: Sequence[str] | None, doc: str | None, server_args: list[str], run: Run) -> int:
+    """A run's command: its flags, a server with `server_args`, the report; non-zero when a target failed."""
+    args = parse_args(argv, doc)
     with Server(server_args) as server:
         lines, ok = asyncio.run(run(server.url, args.seconds, args.streams))
         tracebacks = server.log_text().count("Traceback")
     print("\n".join([*lines, f"  tracebacks in the server log: {tracebacks}"]))
     return 0 if ok and tracebacks == 0 else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    server_args = ["--backend", "sim", "--sim-profile", "cpu", "--max-body-bytes", str(4 * 1024 * 1024)]
+    return serve_attacks(argv, __doc__, server_args, run)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,11 @@ their p99 alone; /health p99 under 100 ms throughout.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from bench.experiments.server import Server
-from bench.reliability.big_prompts import Attack, gap_line, phase
+from bench.reliability.big_prompts import Attack, gap_line, phase, serve_attacks
 from bench.reliability.common import Tally, verdict
 from bench.stats import pct
 
@@ -69,20 +66,8 @@ async def run(url: str, seconds: float, streams: int) -> tuple[list[str], bool]:
     return [*lines, *tally.lines(), *marks], ok
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
-    parser.add_argument("--streams", type=int, default=4)
-    return parser.parse_args(argv)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    with Server(["--backend", "sim", "--sim-profile", "cpu"]) as server:
-        lines, ok = asyncio.run(run(server.url, args.seconds, args.streams))
-        tracebacks = server.log_text().count("Traceback")
-    print("\n".join([*lines, f"  tracebacks in the server log: {tracebacks}"]))
-    return 0 if ok and tracebacks == 0 else 1
+    return serve_attacks(argv, __doc__, ["--backend", "sim", "--sim-profile", "cpu"], run)
 
 
 if __name__ == "__main__":
