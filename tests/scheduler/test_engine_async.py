@@ -102,7 +102,8 @@ def test_backend_exception_fails_only_that_steps_requests(files: ModelFiles) -> 
     backend = sim(files)
 
     async def body() -> None:
-        engine, kv = make_engine(files, backend, max_num_seqs=2)
+        # without re-runs: the fault fires once, so re-run in halves it would fail no one (test_step_retry.py)
+        engine, kv = make_engine(files, backend, max_num_seqs=2, failed_step_retry_s=0)
         await engine.start()
         streams = [engine.submit(EngineRequest(f"r{i}", prompt(i, 40), GREEDY)) for i in range(4)]
         backend.fail_seq = engine.core.requests["r1"].seqs[0].seq_id  # r0 and r1 share the first step
