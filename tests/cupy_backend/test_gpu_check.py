@@ -23,7 +23,7 @@ def test_arguments() -> None:
 
 def test_peak_bandwidth() -> None:
     # H200: HBM3e at 3201 MHz over 6144 bits, about 4.9 TB/s.
-    assert gpu_check.peak_from_attributes(3_201_000, 6144) == pytest.approx(4.917e12, rel=1e-3)
+    assert gpu_check.peak_from_attributes(3_201_000, 6144) == pytest.approx(4.916736e12)  # 3.201e9 * 2 * 768 B
     assert gpu_check.peak_from_table("NVIDIA H200") == 4.8e12
     assert gpu_check.peak_from_table("NVIDIA H100 PCIe") == 2.0e12
     assert gpu_check.peak_from_table("NVIDIA H100 80GB HBM3") == 3.35e12

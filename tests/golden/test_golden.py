@@ -22,7 +22,10 @@ from scheduler.params import SamplingParams
 
 GOLDEN = json.loads((Path(__file__).parent / "smollm2_golden.json").read_text())
 PROMPTS = {p["name"]: p for p in GOLDEN["prompts"]}
-LOGIT_TOL = 1e-3
+# Logits up to 31: measured at most 7.1e-5 from the reference's (AVX2 host; NumPy kernels, 4.8e-5 with the C ones, both
+# weight layouts alike; means within 2.5e-5, stds 1.2e-6). Another OpenBLAS kernel moved this model's logits by 1.1e-4
+# (test_native_fused_step's LOGITS_TOL), so 2x (7.1e-5 + 1.1e-4).
+LOGIT_TOL = 4e-4
 MARGIN_FLOOR = 2e-3  # a greedy step closer than this to a tie may legitimately flip between implementations
 
 

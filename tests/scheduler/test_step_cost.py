@@ -31,17 +31,19 @@ def random_shapes(rng: np.random.Generator, count: int) -> list[StepShape]:
     return shapes
 
 
+# The simulation is deterministic (virtual clock, seeded): the bounds below are about 2x the measured distance from 1
+# (cpu: p5 0.954, p95 1.174, kept at 1.25 (1.4x); h100: p5 0.9964, p95 1.0229).
 @pytest.mark.parametrize(("profile", "sim_model", "config", "load", "spread"), [
-    ("cpu", "", SchedulerConfig(itl_target_ms=100), Load(16, 256, 128, 64), (0.85, 1.25)),
-    ("h100", "llama-3-8b", H100_8B, Load(64, 1024, 128, 256), (0.97, 1.05)),
+    ("cpu", "", SchedulerConfig(itl_target_ms=100), Load(16, 256, 128, 64), (0.9, 1.25)),
+    ("h100", "llama-3-8b", H100_8B, Load(64, 1024, 128, 256), (0.992, 1.05)),
 ])
 def test_the_fit_converges_on_the_sim_profiles(files: ModelFiles, profile: str, sim_model: str,
                                                config: SchedulerConfig, load: Load, spread: tuple[float, float]
                                                ) -> None:
     steps = simulate(files, profile, config, load, sim_model).steps
     first, last = ratios(steps[:20]), ratios(steps[len(steps) // 2:])
-    assert abs(np.median(first) - 1) > 0.1  # the prior (memory and compute added) was well off
-    assert abs(np.median(last) - 1) < 0.01
+    assert abs(np.median(first) - 1) > 0.1  # the prior (memory and compute added) was well off: 0.21 and 0.13
+    assert abs(np.median(last) - 1) < 2e-3  # measured 6.5e-4 (cpu) and 7.8e-4 (h100); 2x
     low, high = spread
     assert low < np.percentile(last, 5) and np.percentile(last, 95) < high
 
@@ -52,7 +54,8 @@ def test_the_fit_recovers_when_the_machine_slows_down(files: ModelFiles) -> None
     assert len(steps) > switch + 150
     assert np.median(ratios(steps[switch:switch + 10])) > 1.5
     recovered = ratios(steps[-100:])
-    assert abs(np.median(recovered) - 1) < 0.02 and np.percentile(recovered, 95) < 1.2
+    # measured: median 1 - 2.4e-3 (2x: 5e-3), p95 1.149 (kept at 1.2, 1.3x of its distance from 1)
+    assert abs(np.median(recovered) - 1) < 5e-3 and np.percentile(recovered, 95) < 1.2
 
 
 def test_outliers_do_not_move_the_fit(files: ModelFiles) -> None:
@@ -64,7 +67,7 @@ def test_outliers_do_not_move_the_fit(files: ModelFiles) -> None:
         model.observe(shape, slow * truth.cost(shape).seconds)
     model.refit()
     errors = [model.predict(s) / truth.cost(s).seconds for s in random_shapes(rng, 100)]
-    assert np.percentile(errors, 5) > 0.9 and np.percentile(errors, 95) < 1.1
+    assert np.percentile(errors, 5) > 0.92 and np.percentile(errors, 95) < 1.05  # measured 0.960 and 1.024; 2x
 
 
 def test_coefficients_stay_non_negative_and_absent_features_keep_the_prior() -> None:
