@@ -125,6 +125,8 @@ def test_a_chunk_over_a_float16_cache_matches_the_reference(cache_dir: Path, hea
     q = rng.standard_normal((chunk, heads, dim), dtype=np.float32) * 3
     out = NativeAttention(0, cache_dir).chunk(q, k, v, tables[0], context)
     ref = prefill_attention(q, *widened(k, v), np.maximum(tables[0], 0), context)
+    # float32 both, on the same widened values: measured 3.3e-6 apart (the reference within 3.1e-6 of float64), 0.22
+    # of this (AVX2 host), as the float32 cache's chunk test
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
 
 

@@ -14,6 +14,8 @@ PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "def fibonacci(n):\n    if n < 2:\n        return n\n",
 ]
+# logits up to 37 (so 3e-6 of the largest): block size and batching change the float32 summation order only;
+# measured up to 2.1e-5 (AVX2 host)
 TOL = 1e-4
 
 

@@ -205,6 +205,8 @@ def test_device_sampling_matches_numpy(gpu: Device, synthetic: LoadedModel) -> N
     got, want = outs
     assert got.token_ids.tolist() == want.token_ids.tolist()
     assert got.logprobs is not None and want.logprobs is not None
+    # logit - logsumexp: within twice the logits' float32 summation-order error, for which FLOAT32_LOGIT_ATOL allows
+    # 2e-3; 1e-3 is tighter than that bound and not measured (no GPU run of this test on record), so left as it was
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-3)
     assert got.top_token_ids is not None and want.top_token_ids is not None
     assert got.top_token_ids.tolist() == want.top_token_ids.tolist()
