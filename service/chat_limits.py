@@ -10,8 +10,11 @@ in full and rendered, on the tokenizer threads.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -20,36 +23,115 @@ from backends.model.chat_template import ChatTemplate
 from backends.model.tokenizer import Tokenizer
 from service.body import MAX_JSON_DEPTH, decode, read_body, too_deep
 from service.config import ChatLimits, ServiceConfig
-from service.errors import bad_request
+from service.errors import APIError, bad_request
 from service.json_depth import exceeds_depth
 from service.schemas.requests import ChatMessage
 from service.tokenize import PromptEncoder, message_bytes
 
 T = TypeVar("T")
+TURN_ROLES = ("user", "assistant")  # the roles tokens_per_message measures
+REFUSAL_PACE = 20  # a refused body's answer waits this many times what counting it took (~1 ms a MB)
+
+
+class _Turn(msgspec.Struct):
+    """A message's role alone; its content and the rest skipped unread. Loosely typed, as is the shape: a body
+    whose types are wrong is the full decode's to refuse, and must not slip past the counts here."""
+
+    role: Any = None
 
 
 class _Shape(msgspec.Struct):
-    """A chat body's lists, each element left undecoded (msgspec.Raw: its bytes, no objects); the rest skipped."""
+    """A chat body's lists, tools undecoded (msgspec.Raw: their bytes, no objects); the rest skipped."""
 
-    messages: list[msgspec.Raw] | None = None
+    messages: list[_Turn] | None = None
     tools: list[msgspec.Raw] | None = None
+    truncate_prompt_tokens: Any = None
 
 
-async def read_chat_body(request: web.Request, service: ServiceConfig, encoder: PromptEncoder, type_: type[T]) -> T:
-    """A body with messages and tools: counted before it is decoded in full (off the loop when it is big)."""
+class _RawShape(msgspec.Struct):
+    """The same lists as raw JSON, for a body whose lists hold the wrong items: read apart by `_items`."""
+
+    messages: msgspec.Raw = msgspec.Raw(b"null")
+    tools: msgspec.Raw = msgspec.Raw(b"null")
+    truncate_prompt_tokens: Any = None
+
+
+def _shape(body: bytes) -> _Shape | None:
+    """One pass for a well-typed body; a list of the wrong items is still counted; None: not an object."""
+    try:
+        return msgspec.json.decode(body, type=_Shape)
+    except msgspec.ValidationError:
+        pass
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    try:
+        raw = msgspec.json.decode(body, type=_RawShape)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return _Shape(_items(raw.messages, list[_Turn]), _items(raw.tools, list[msgspec.Raw]), raw.truncate_prompt_tokens)
+
+
+def _items(raw: msgspec.Raw, type_: Any) -> list[Any]:
+    """The list `raw` holds as `type_`, else as undecoded items, else nothing (not a list: the full decode
+    refuses it)."""
+    for items in (type_, list[msgspec.Raw]):
+        try:
+            return msgspec.json.decode(raw, type=items | None) or []
+        except (msgspec.DecodeError, RecursionError):
+            continue
+    return []
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the shape's length bound needs: the template's fewest tokens a turn, and the context."""
+
+    message_tokens: int
+    max_model_len: int
+
+
+async def read_chat_body(request: web.Request, service: ServiceConfig, encoder: PromptEncoder, type_: type[T],
+                         context: Context | None = None) -> T:
+    """A body with messages and tools: counted (against `context` too, when given) before it is decoded in full,
+    off the loop when it is big."""
     body = await read_body(request, service.max_body_bytes, service.read_timeout_s)
-    check_shape(body, service.chat_limits)
+    started = time.perf_counter()
+    try:
+        check_shape(body, service.chat_limits, context)
+    except APIError:
+        await pace_refusal(time.perf_counter() - started)
+        raise
     return await encoder.run(len(body), parse, body, type_)
 
 
-def check_shape(body: bytes, limits: ChatLimits) -> None:
-    """400 when a chat body holds more messages or tools, or more bytes of tools, than the limits allow. A body
-    this shallow decode cannot read is left for the full decode, which says what is wrong with it."""
-    try:
-        shape = msgspec.json.decode(body, type=_Shape)
-    except (msgspec.DecodeError, RecursionError):
+async def pace_refusal(spent_s: float) -> None:
+    """A refused request cost the event loop `spent_s`; its sender waits REFUSAL_PACE times that for the answer,
+    so a client posting such bodies back to back gets the loop a small share of the time, not all of it."""
+    await asyncio.sleep(REFUSAL_PACE * spent_s)
+
+
+def check_shape(body: bytes, limits: ChatLimits, context: Context | None = None) -> None:
+    """400 when a chat body holds more messages or tools, or more bytes of tools, than the limits allow, or more
+    turns than the context can hold. A body this shallow decode cannot read is left for the full decode, which
+    says what is wrong with it."""
+    shape = _shape(body)
+    if shape is None:
         return
     messages, tools = shape.messages or [], shape.tools or []
+    _check_counts(messages, tools, limits)
+    if context is not None and shape.truncate_prompt_tokens is None:
+        _check_turns(messages, context)
+
+
+def _check_turns(messages: list[Any], context: Context) -> None:
+    """The turns' own markers alone (check_length adds their text, once decoded)."""
+    roles = [m.role for m in messages if isinstance(m, _Turn)]
+    at_least = context.message_tokens * sum(1 for role in roles if role in TURN_ROLES)
+    if at_least >= context.max_model_len:
+        raise too_long(at_least, context.max_model_len)
+
+
+def _check_counts(messages: list[Any], tools: list[Any], limits: ChatLimits) -> None:
     if len(messages) > limits.max_messages:
         raise bad_request(f"at most {limits.max_messages} messages are accepted in a request, not {len(messages)}",
                           "messages", "too_many_messages")
@@ -75,12 +157,15 @@ def check_length(messages: Sequence[ChatMessage], message_tokens: int, tokenizer
     tokens: each renders to at least `message_tokens` tokens of the template's own, and its text of B bytes
     to at least B / max_token_bytes more."""
     text = -(-message_bytes(messages) // tokenizer.max_token_bytes)
-    turns = sum(1 for m in messages if m.role in ("user", "assistant"))  # the roles message_tokens was measured on
-    at_least = text + message_tokens * turns
+    at_least = text + message_tokens * sum(1 for m in messages if m.role in TURN_ROLES)
     if at_least >= max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at least "
-            f"{at_least} tokens, which leaves no room for a completion.", "messages", "context_length_exceeded")
+        raise too_long(at_least, max_model_len)
+
+
+def too_long(at_least: int, max_model_len: int) -> APIError:
+    return bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at "
+                       f"least {at_least} tokens, which leaves no room for a completion.", "messages",
+                       "context_length_exceeded")
 
 
 def tokens_per_message(template: ChatTemplate, tokenizer: Tokenizer) -> int:

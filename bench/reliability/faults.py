@@ -132,7 +132,8 @@ async def drill(kind: str, spec: str, args: argparse.Namespace) -> tuple[list[st
         healthy, state = await after_drill(server.url)
         log = server.log_text()
     kinds = Counter(f.split(":")[0] for f in seen.failures)
-    lines = [f"{kind} on {spec.count(',') + 1} steps: {seen.ok} ok, {len(seen.failures)} failed {dict(kinds)}, "
+    where = "sequences" if kind == "poison" else "steps"
+    lines = [f"{kind} on {spec.count(',') + 1} {where}: {seen.ok} ok, {len(seen.failures)} failed {dict(kinds)}, "
              f"{len(seen.unexpected)} unexpected; after: {state}"]
     checks = {"no unexpected answer": not seen.unexpected, "a new request succeeds, /health 200, idle": healthy,
               "no traceback but the logged step failures": log.count("Traceback") == len(ANY_STEP_FAILED.findall(log))}

@@ -6,7 +6,7 @@ from aiohttp import web
 
 from scheduler.guided import GuideFactory, GuideSpec
 from service.body import read_json
-from service.chat_limits import check_length, read_chat_body
+from service.chat_limits import Context, check_length, read_chat_body
 from service.errors import bad_request
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
 from service.guided import guide_of, has_constraint
@@ -51,9 +51,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """Everything whose cost grows with the request (decoding a big body, tools, rendering, tokenizing) runs on
     the tokenizer threads, after the cheap checks of service/chat_limits.py have bounded it."""
     runtime, encoder = runtime_of(request), request.app[ENCODER_KEY]
-    req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest)
-    model = served_model(request, req.model)
     max_len = runtime.engine.max_model_len
+    req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest,
+                               Context(runtime.message_tokens, max_len))
+    model = served_model(request, req.model)
     keep = truncation(req.truncate_prompt_tokens, max_len)
     if keep is None:
         check_length(req.messages, runtime.message_tokens, runtime.tokenizer, max_len)

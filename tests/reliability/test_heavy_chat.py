@@ -7,6 +7,7 @@ rules for tool messages hold."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -16,8 +17,9 @@ import pytest
 
 from backends.model.chat_template import ChatTemplate
 from backends.model.loader import ModelFiles
-from service.chat_limits import check_length, tokens_per_message
-from service.config import ServiceConfig
+from service import chat_limits
+from service.chat_limits import Context, check_length, check_shape, tokens_per_message
+from service.config import ChatLimits, ServiceConfig
 from service.errors import APIError
 from service.prompts import chat_prompt
 from service.schemas.requests import ChatMessage
@@ -69,6 +71,19 @@ def test_limits_refuse_before_rendering(server: LiveServer, monkeypatch: pytest.
     assert post(server.url + CHAT, at_limit).status == 200  # at the limits: served
 
 
+def test_a_refusal_waits_twenty_times_what_counting_took(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    paced: list[float] = []
+
+    async def recording(spent_s: float) -> None:
+        paced.append(spent_s)
+
+    monkeypatch.setattr(chat_limits, "pace_refusal", recording)
+    assert post(server.url + CHAT, {"messages": turns(51)}).status == 400
+    assert len(paced) == 1 and 0 < paced[0] < 1.0 and chat_limits.REFUSAL_PACE == 20
+    assert post(server.url + CHAT, {"messages": turns(1), "max_tokens": 1}).status == 200
+    assert len(paced) == 1  # a request served is never held
+
+
 def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServer,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     rendered: list[int] = []
@@ -77,6 +92,21 @@ def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServe
     body = {"messages": [{"role": "user", "content": "word " * 140_000}]}  # 700 KB: over 8192 x 81 bytes
     message = refusal(post(server.url + CHAT, body), "context_length_exceeded", "messages")
     assert "has at least 8647 tokens" in message and rendered == []
+
+
+def test_turns_alone_can_refuse_before_the_body_is_decoded() -> None:
+    limits, context = ChatLimits(4096, 128, 1 << 20), Context(message_tokens=5, max_model_len=8192)
+    body = {"messages": turns(2000, "x")}
+    with pytest.raises(APIError) as refused:
+        check_shape(json.dumps(body).encode(), limits, context)
+    assert refused.value.code == "context_length_exceeded" and "at least 10000 tokens" in refused.value.message
+    check_shape(json.dumps({**body, "truncate_prompt_tokens": 100}).encode(), limits, context)  # truncated: fits
+    check_shape(json.dumps(body).encode(), limits)  # /tokenize: no context
+    system = {"messages": [{"role": "system", "content": "x"}] * 2000}
+    check_shape(json.dumps(system).encode(), limits, context)  # the bound counts only the roles it measured
+    odd = {"messages": [{"role": 5}] * 5000, "tools": 3}  # wrong types: still counted, the full decode refuses
+    with pytest.raises(APIError, match="at most 4096 messages"):
+        check_shape(json.dumps(odd).encode(), limits, context)
 
 
 def test_the_length_bound_never_exceeds_the_rendered_prompt(model_files: ModelFiles) -> None:
