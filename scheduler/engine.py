@@ -143,15 +143,16 @@ class Engine:
         assert plan.batch is not None
         started = self.core.clock()
         output: StepOutput | None
+        passing = False
         try:
             output = await self._run_watched(plan.batch, plan.predicted_s)
         except EngineFailedError:
             raise
         except Exception as exc:  # noqa: BLE001 - the backend's failure: its requests fail, the engine goes on
-            output = await self._recover(plan, exc)
+            output, passing = await self._recover(plan, exc)
             plan = replace(plan, shape=None)  # its time is the failed step's and the re-runs': no cost sample
         if output is not None:
-            self._commit(plan, output, started)
+            self._commit(plan, output, started, passing)
 
     def _plan(self) -> SchedulerPlan:
         try:
@@ -173,31 +174,42 @@ class Engine:
         finally:
             self.health.stopped()
 
-    async def _recover(self, plan: SchedulerPlan, exc: Exception) -> StepOutput | None:
-        """The output of the step's requests that a re-run in parts clears; the others fail. None: all failed."""
+    async def _recover(self, plan: SchedulerPlan, exc: Exception) -> tuple[StepOutput | None, bool]:
+        """The output of the step's requests that a re-run in parts clears, the others failed (None: all
+        failed); and whether the fault passed (every part succeeded: nobody's request caused it)."""
         assert plan.batch is not None
         message = f"the model backend failed on this request's step: {type(exc).__name__}: {exc}"
         retry_s = self.core.config.failed_step_retry_s
         units = units_of(plan.batch, [seq.request_id for seq in plan.seqs], self.core.kv.block_size)
         if len(units) < 2 or not retry_s:
             self._step_failed(plan, "backend_error", message, exc)
-            return None
+            return None, False
         log.warning("engine step %d failed (%s); re-running it in parts to find the request that made it fail",
                     plan.step_id, message)
         found = await isolate(self._run_part, plan.batch, units, self.core.kv.block_size,
                               time.monotonic() + retry_s)
-        if not found.recovered:
+        try:
+            output = merged_output(plan.batch, found.parts) if found.recovered else None
+        except ValueError as merge_error:  # parts that disagree (a backend's widths): trust none of them
+            log.error("engine step %d: its parts' outputs do not merge: %s", plan.step_id, merge_error)
+            output = None
+        if output is None:
             self._step_failed(plan, "backend_error", message, exc)
-            return None
-        failed = dict.fromkeys(plan.seqs[row].request_id for unit in found.failed for row in unit)
-        if failed:
-            log.error("engine step %d: failing %d of its %d requests, whose part failed again (%s): %s",
-                      plan.step_id, len(failed), len(units), ", ".join(failed), message)
-            self.core.fail_requests(failed, message)
-        else:
+            return None, False
+        self._fail_parts(plan, found.failed, message)
+        return output, not found.failed
+
+    def _fail_parts(self, plan: SchedulerPlan, units: list[tuple[int, ...]], message: str) -> None:
+        """The requests of the units a re-run could not clear fail; none: the fault passed (still counted)."""
+        failed = dict.fromkeys(plan.seqs[row].request_id for unit in units for row in unit)
+        if not failed:
             log.warning("engine step %d: every part succeeded when re-run (a passing fault)", plan.step_id)
             self.core.observer.step_failed("backend_error")
-        return merged_output(plan.batch, found.parts)
+            return
+        requests = len({seq.request_id for seq in plan.seqs})
+        log.error("engine step %d: failing %d of its %d requests, whose part failed again (%s): %s", plan.step_id,
+                  len(failed), requests, ", ".join(failed), message)
+        self.core.fail_requests(failed, message)
 
     async def _run_part(self, batch: StepBatch) -> StepOutput | None:
         """A part of a failed step: its output, or None when it failed too (or returned an unusable one)."""
@@ -211,7 +223,9 @@ class Engine:
             log.info("a part of failed step %d failed too: %s: %s", batch.step_id, type(exc).__name__, exc)
             return None
 
-    def _commit(self, plan: SchedulerPlan, output: StepOutput, started: float) -> None:
+    def _commit(self, plan: SchedulerPlan, output: StepOutput, started: float, passing_fault: bool = False) -> None:
+        """A passing fault counts as a failed step for /health (the backend failed, nobody's request made it)
+        but not toward the failures in a row: the step's requests were served."""
         try:
             failed = self.core.commit(plan, output, started)
         except BadStepOutputError as exc:  # nothing was applied
@@ -221,7 +235,7 @@ class Engine:
             self._step_failed(plan, "output_processing", message, exc)
             self._check_consistency(message)
         else:
-            self._record(bool(failed), "a request's output was unusable (see the log)")
+            self._record(bool(failed), "a request's output was unusable (see the log)", bool(failed) or passing_fault)
 
     def _step_failed(self, plan: SchedulerPlan, cause: str, message: str, exc: BaseException) -> None:
         log.error("engine step %d failed (%s); failing its %d sequences: %s", plan.step_id, cause,
@@ -232,8 +246,9 @@ class Engine:
             raise EngineFailedError(f"{message}; failing the step's requests then raised {inner!r}") from inner
         self._record(True, message)
 
-    def _record(self, failed: bool, message: str) -> None:
-        self.health.outcome(failed)
+    def _record(self, failed: bool, message: str, unhealthy: bool | None = None) -> None:
+        """The step's outcome: for /health (`unhealthy`, default `failed`) and the failures in a row."""
+        self.health.outcome(failed if unhealthy is None else unhealthy)
         self._failures.record(failed, message)
 
     def _check_consistency(self, message: str) -> None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -95,24 +96,19 @@ def sub_batch(batch: StepBatch, rows: Rows, block_size: int) -> StepBatch:
         query_start=np.concatenate([[0], np.cumsum(ends - starts)]).astype(batch.query_start.dtype),
         context_lens=batch.context_lens[rows], block_tables=batch.block_tables[rows],
         sample_rows=np.searchsorted(rows, batch.sample_rows[kept]).astype(batch.sample_rows.dtype),
-        sampling=None if batch.sampling is None else _sub_sampling(batch.sampling, kept),
+        # no sampled row: no inputs, as in any step that samples nothing (a backend then returns no logprobs)
+        sampling=None if batch.sampling is None or not kept.size else _sub_sampling(batch.sampling, kept),
         # a copy belongs to the row that writes its destination; re-doing another's would undo that row's writes
         block_copies=tuple(c for c in batch.block_copies if c[1] in written))
 
 
 def _sub_sampling(sampling: SamplingInputs, kept: Rows) -> SamplingInputs:
-    """The sampled entries `kept`; num_top_logprobs stays the step's, so every part's arrays are as wide."""
-    def take(values: np.ndarray | None) -> np.ndarray | None:
-        return None if values is None else values[kept]
-
+    """The sampled entries `kept`: every per-row array sliced (whatever fields the inputs gain), the masks
+    subset; num_top_logprobs stays the step's, so every part's arrays are as wide."""
+    rows: dict[str, Any] = {f.name: value[kept] for f in fields(sampling)
+                            if isinstance(value := getattr(sampling, f.name), np.ndarray)}
     allowed = None if sampling.allowed is None else _SubsetMasks.of(sampling.allowed, kept)
-    return replace(
-        sampling, temperature=sampling.temperature[kept], top_k=sampling.top_k[kept], top_p=sampling.top_p[kept],
-        min_p=sampling.min_p[kept], uniforms=sampling.uniforms[kept],
-        presence_penalty=take(sampling.presence_penalty), frequency_penalty=take(sampling.frequency_penalty),
-        repetition_penalty=take(sampling.repetition_penalty), output_token_ids=take(sampling.output_token_ids),
-        prompt_token_ids=take(sampling.prompt_token_ids), suppressed_token_ids=take(sampling.suppressed_token_ids),
-        allowed=allowed)
+    return replace(sampling, **rows, allowed=allowed)
 
 
 class _SubsetMasks:
@@ -135,11 +131,15 @@ class _SubsetMasks:
 
 def merged_output(batch: StepBatch, parts: list[tuple[Rows, StepOutput]]) -> StepOutput:
     """One output for the whole step from its parts' outputs; entries no part computed (the failed units') hold
-    token 0, for the engine to drop with their aborted requests."""
+    token 0, for the engine to drop with their aborted requests. Each optional array takes its shape from the
+    first part that has it (a part that sampled nothing has none). Raises ValueError when parts disagree."""
     size = len(batch.sample_rows)
-    first = parts[0][1]
-    merged = StepOutput(np.zeros(size, np.int64), _like(first.logprobs, size), _like(first.top_token_ids, size),
-                        _like(first.top_logprobs, size))
+
+    def like(name: str) -> np.ndarray | None:
+        found = next((v for _, out in parts if (v := getattr(out, name)) is not None), None)
+        return None if found is None else np.zeros((size, *found.shape[1:]), found.dtype)
+
+    merged = StepOutput(np.zeros(size, np.int64), like("logprobs"), like("top_token_ids"), like("top_logprobs"))
     for rows, output in parts:
         kept = np.flatnonzero(np.isin(batch.sample_rows, rows))
         merged.token_ids[kept] = output.token_ids
@@ -148,10 +148,6 @@ def merged_output(batch: StepBatch, parts: list[tuple[Rows, StepOutput]]) -> Ste
             if mine is not None and theirs is not None:
                 mine[kept] = theirs
     return merged
-
-
-def _like(values: np.ndarray | None, size: int) -> np.ndarray | None:
-    return None if values is None else np.zeros((size, *values.shape[1:]), values.dtype)
 
 
 class _UnionFind:

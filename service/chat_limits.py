@@ -12,32 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from backends.model.chat_template import ChatTemplate
-from backends.model.tokenizer import Tokenizer
 from service.body import MAX_JSON_DEPTH, decode, read_body, too_deep
 from service.config import ChatLimits, ServiceConfig
 from service.errors import APIError, bad_request
 from service.json_depth import exceeds_depth
-from service.schemas.requests import ChatMessage
-from service.tokenize import PromptEncoder, message_bytes
+from service.prompt_bound import TURN_ROLES, PromptBound, too_long
+from service.tokenize import PromptEncoder
 
 T = TypeVar("T")
-TURN_ROLES = ("user", "assistant")  # the roles tokens_per_message measures
+ROLES_RAW = {f'"{role}"'.encode(): role for role in TURN_ROLES}
 REFUSAL_PACE = 20  # a refused body's answer waits this many times what counting it took (~1 ms a MB)
 
 
 class _Turn(msgspec.Struct):
-    """A message's role alone; its content and the rest skipped unread. Loosely typed, as is the shape: a body
-    whose types are wrong is the full decode's to refuse, and must not slip past the counts here."""
+    """A message's role as raw JSON, its content and the rest skipped unread. Raw, as every field of the shape
+    that is not a list: a value of any type is neither built (which a client could make costly) nor a reason to
+    skip the counts (the full decode refuses it)."""
 
-    role: Any = None
+    role: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class _Shape(msgspec.Struct):
@@ -45,7 +43,7 @@ class _Shape(msgspec.Struct):
 
     messages: list[_Turn] | None = None
     tools: list[msgspec.Raw] | None = None
-    truncate_prompt_tokens: Any = None
+    truncate_prompt_tokens: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class _RawShape(msgspec.Struct):
@@ -53,7 +51,7 @@ class _RawShape(msgspec.Struct):
 
     messages: msgspec.Raw = msgspec.Raw(b"null")
     tools: msgspec.Raw = msgspec.Raw(b"null")
-    truncate_prompt_tokens: Any = None
+    truncate_prompt_tokens: msgspec.Raw = msgspec.Raw(b"null")
 
 
 def _shape(body: bytes) -> _Shape | None:
@@ -84,9 +82,9 @@ def _items(raw: msgspec.Raw, type_: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class Context:
-    """What the shape's length bound needs: the template's fewest tokens a turn, and the context."""
+    """What the shape's length bound needs: the template's (service/prompt_bound.py), and the context."""
 
-    message_tokens: int
+    bound: PromptBound
     max_model_len: int
 
 
@@ -119,14 +117,15 @@ def check_shape(body: bytes, limits: ChatLimits, context: Context | None = None)
         return
     messages, tools = shape.messages or [], shape.tools or []
     _check_counts(messages, tools, limits)
-    if context is not None and shape.truncate_prompt_tokens is None:
+    if context is not None and bytes(shape.truncate_prompt_tokens) == b"null":
         _check_turns(messages, context)
 
 
 def _check_turns(messages: list[Any], context: Context) -> None:
-    """The turns' own markers alone (check_length adds their text, once decoded)."""
-    roles = [m.role for m in messages if isinstance(m, _Turn)]
-    at_least = context.message_tokens * sum(1 for role in roles if role in TURN_ROLES)
+    """The turns' own markers alone (check_length adds their text, once decoded). A role spelled with escapes
+    is not counted: the bound only gets lower."""
+    roles = [ROLES_RAW.get(bytes(m.role)) for m in messages if isinstance(m, _Turn)]
+    at_least = context.bound.at_least(roles)
     if at_least >= context.max_model_len:
         raise too_long(at_least, context.max_model_len)
 
@@ -149,35 +148,3 @@ def parse(body: bytes, type_: type[T]) -> T:
     if exceeds_depth(body, MAX_JSON_DEPTH):
         raise too_deep()
     return decode(body, type_)
-
-
-def check_length(messages: Sequence[ChatMessage], message_tokens: int, tokenizer: Tokenizer,
-                 max_model_len: int) -> None:
-    """400 context_length_exceeded, before rendering, for messages that cannot fit the context whatever their
-    tokens: each renders to at least `message_tokens` tokens of the template's own, and its text of B bytes
-    to at least B / max_token_bytes more."""
-    text = -(-message_bytes(messages) // tokenizer.max_token_bytes)
-    at_least = text + message_tokens * sum(1 for m in messages if m.role in TURN_ROLES)
-    if at_least >= max_model_len:
-        raise too_long(at_least, max_model_len)
-
-
-def too_long(at_least: int, max_model_len: int) -> APIError:
-    return bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at "
-                       f"least {at_least} tokens, which leaves no room for a completion.", "messages",
-                       "context_length_exceeded")
-
-
-def tokens_per_message(template: ChatTemplate, tokenizer: Tokenizer) -> int:
-    """The fewest tokens one more empty message adds to a rendered conversation, whatever its role (user or
-    assistant, turn about): the template's markers around a message. 0 when the template will not say."""
-    try:
-        lengths = [len(tokenizer.encode(template.render(_turns(count), add_generation_prompt=False)))
-                   for count in (1, 2, 3)]
-    except Exception:  # noqa: BLE001 - a template that cannot render empty turns: no bound, not a failed start
-        return 0
-    return max(0, min(lengths[1] - lengths[0], lengths[2] - lengths[1]))
-
-
-def _turns(count: int) -> list[dict[str, str]]:
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": ""} for i in range(count)]

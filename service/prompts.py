@@ -80,7 +80,8 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
 
 def check_tool_messages(messages: Sequence[ChatMessage]) -> None:
     """OpenAI's rules for tool results: each `tool` message names, in tool_call_id, a call of the assistant
-    message before its run of tool messages, and every such call gets its result before the next message."""
+    message before its run of tool messages, and every such call gets its result before the next message and
+    before the conversation ends."""
     unanswered: dict[str, None] = {}
     for i, message in enumerate(messages):
         if message.role == "tool":
@@ -89,7 +90,8 @@ def check_tool_messages(messages: Sequence[ChatMessage]) -> None:
         if unanswered:
             raise _unanswered(unanswered, i)
         unanswered = dict.fromkeys(call.id for call in message.tool_calls or ())
-    # calls still unanswered after the last message are what the model is asked to follow up on: allowed
+    if unanswered:
+        raise _unanswered(unanswered, len(messages))
 
 
 def _check_tool_result(message: ChatMessage, index: int, unanswered: dict[str, None]) -> None:
@@ -105,6 +107,7 @@ def _check_tool_result(message: ChatMessage, index: int, unanswered: dict[str, N
 
 
 def _unanswered(calls: dict[str, None], index: int) -> APIError:
+    """`index`: the message that came instead of a result (the messages' count: the conversation ended)."""
     names = ", ".join(echoed(call) for call in list(calls)[:8])
     return bad_request(f"an assistant message with tool_calls must be followed by a tool message for each call; "
                        f"before messages[{index}], these have none: {names}", f"messages[{index}]",

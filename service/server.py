@@ -39,13 +39,13 @@ from backends.registry import available
 from scheduler.guided import GuideFactory
 from service.assemble import build_engine, build_parts, calibrated_cost, model_name, model_names
 from service.auth import load_keys
-from service.chat_limits import tokens_per_message
 from service.config import AppConfig, telemetry_config
 from service.config_cmd import ConfigCommand, config_from, setup_logging
 from service.cors import cors_headers, cors_middleware
 from service.metrics import create_registry
 from service.middleware import auth_middleware, counting_middleware, error_middleware, screening_middleware
 from service.own_thread import run_in_own_thread
+from service.prompt_bound import measure
 from service.protocol import make_runner
 from service.request_id import add_header, request_id_middleware
 from service.routes.completions import create_chat_completion, create_completion
@@ -194,7 +194,7 @@ async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> R
     engine = build_engine(config, parts, observer=telemetry, cost=cost, guides=guides)
     files = parts.files
     return Runtime(engine, files.tokenizer, files.chat_template, telemetry, guides,
-                   tokens_per_message(files.chat_template, files.tokenizer))
+                   measure(files.chat_template, files.tokenizer))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

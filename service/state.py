@@ -20,6 +20,7 @@ from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from service.config import AppConfig
 from service.pacing import ActiveStreams
+from service.prompt_bound import PromptBound
 from service.tokenize import PromptEncoder
 
 
@@ -72,7 +73,7 @@ class Runtime:
     chat_template: ChatTemplate
     telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
     guides: GuideFactory | None = None  # compiles requests' grammars; None: constrained decoding is refused
-    message_tokens: int = 0  # the fewest tokens a chat message renders to (service/chat_limits.py); 0: unknown
+    prompt_bound: PromptBound = PromptBound()  # the chat template's length bound (service/prompt_bound.py)
 
 
 RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]

@@ -6,12 +6,13 @@ from aiohttp import web
 
 from scheduler.guided import GuideFactory, GuideSpec
 from service.body import read_json
-from service.chat_limits import Context, check_length, read_chat_body
+from service.chat_limits import Context, read_chat_body
 from service.errors import bad_request
 from service.formats import ChatFormatter, CompletionFormatter, Formatter
 from service.guided import guide_of, has_constraint
 from service.jobs import Job, run_job
 from service.params import chat_params, completion_params
+from service.prompt_bound import check_length
 from service.prompts import (
     chat_prompt,
     check_context,
@@ -53,11 +54,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     runtime, encoder = runtime_of(request), request.app[ENCODER_KEY]
     max_len = runtime.engine.max_model_len
     req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest,
-                               Context(runtime.message_tokens, max_len))
+                               Context(runtime.prompt_bound, max_len))
     model = served_model(request, req.model)
     keep = truncation(req.truncate_prompt_tokens, max_len)
     if keep is None:
-        check_length(req.messages, runtime.message_tokens, runtime.tokenizer, max_len)
+        check_length(req.messages, runtime.prompt_bound, runtime.tokenizer, max_len)
     tools, guide = (await encoder.off_loop(_chat_guidance, req, runtime.guides)
                     if has_constraint(req) or req.tools or req.tool_choice is not None else (NO_TOOLS, None))
     params = chat_params(req, guide)

@@ -18,9 +18,10 @@ import pytest
 from backends.model.chat_template import ChatTemplate
 from backends.model.loader import ModelFiles
 from service import chat_limits
-from service.chat_limits import Context, check_length, check_shape, tokens_per_message
+from service.chat_limits import Context, check_shape
 from service.config import ChatLimits, ServiceConfig
 from service.errors import APIError
+from service.prompt_bound import PromptBound, check_length, measure
 from service.prompts import chat_prompt
 from service.schemas.requests import ChatMessage
 from service.tokenize import PromptEncoder
@@ -91,40 +92,50 @@ def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServe
     monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
     body = {"messages": [{"role": "user", "content": "word " * 140_000}]}  # 700 KB: over 8192 x 81 bytes
     message = refusal(post(server.url + CHAT, body), "context_length_exceeded", "messages")
-    assert "has at least 8647 tokens" in message and rendered == []
+    assert "has at least 8644 tokens" in message and rendered == []  # 2 markers, then 700,000 / 81 bytes
 
 
 def test_turns_alone_can_refuse_before_the_body_is_decoded() -> None:
-    limits, context = ChatLimits(4096, 128, 1 << 20), Context(message_tokens=5, max_model_len=8192)
-    body = {"messages": turns(2000, "x")}
+    limits, context = ChatLimits(4096, 128, 1 << 20), Context(PromptBound(2, 2, True), max_model_len=8192)
+    body = {"messages": turns(2100, "x")}
     with pytest.raises(APIError) as refused:
         check_shape(json.dumps(body).encode(), limits, context)
-    assert refused.value.code == "context_length_exceeded" and "at least 10000 tokens" in refused.value.message
+    assert refused.value.code == "context_length_exceeded" and "at least 8400 tokens" in refused.value.message
+    check_shape(json.dumps({"messages": turns(2047, "x")}).encode(), limits, context)  # 8188: may fit
     check_shape(json.dumps({**body, "truncate_prompt_tokens": 100}).encode(), limits, context)  # truncated: fits
     check_shape(json.dumps(body).encode(), limits)  # /tokenize: no context
-    system = {"messages": [{"role": "system", "content": "x"}] * 2000}
+    system = {"messages": [{"role": "system", "content": "x"}] * 2100}
     check_shape(json.dumps(system).encode(), limits, context)  # the bound counts only the roles it measured
     odd = {"messages": [{"role": 5}] * 5000, "tools": 3}  # wrong types: still counted, the full decode refuses
     with pytest.raises(APIError, match="at most 4096 messages"):
         check_shape(json.dumps(odd).encode(), limits, context)
+    costly = {"messages": [{"role": [[[]]] * 100_000, "content": "x"}], "truncate_prompt_tokens": [[{}]] * 1000}
+    check_shape(json.dumps(costly).encode(), limits, context)  # raw: no object built of either (the full decode
+    # refuses the body); decoded as values, such a role took 160-180 ms of the event loop per request
 
 
 def test_the_length_bound_never_exceeds_the_rendered_prompt(model_files: ModelFiles) -> None:
-    per_message = tokens_per_message(model_files.chat_template, model_files.tokenizer)
-    assert per_message == 5  # SmolLM2's "<|im_start|>user\n" and "<|im_end|>\n" around an empty turn
-    texts = ["", "hi", "héllo wörld 🌍 " * 40, "a" * 3000, "def f(x):\n    return x ** 2\n" * 30, "ok?"]
-    for count in (1, 2, 7, 40):
-        messages = [ChatMessage(role="user" if i % 2 == 0 else "assistant", content=texts[i % len(texts)])
-                    for i in range(count)]
-        real = len(chat_prompt(messages, model_files.chat_template, model_files.tokenizer, 10**9))
-        check_length(messages, per_message, model_files.tokenizer, real + 1)  # a bound at most the real length
-        with pytest.raises(APIError):
-            check_length(messages, per_message, model_files.tokenizer, count * per_message)
+    bound = measure(model_files.chat_template, model_files.tokenizer)
+    assert bound == PromptBound(2, 2, True)  # "<|im_start|>", "<|im_end|>" around "user\n" + text, then "\n"
+    # the longest token is "\n" and 80 spaces: text of spaces and newlines merges with the markers' newlines
+    texts = ["", "hi", "héllo wörld 🌍 " * 40, "a" * 3000, "def f(x):\n    return x ** 2\n" * 30, "ok?",
+             " " * 80, "\n" + " " * 80, " " * 80 + "\n", "\n" * 81, "<|im_start|>user\n"]
+    for count in (1, 2, 7, 40, 100):
+        for offset in range(len(texts)):
+            messages = [ChatMessage(role="user" if i % 2 == 0 else "assistant",
+                                    content=texts[(i + offset) % len(texts)] if offset else " " * 80)
+                        for i in range(count)]
+            real = len(chat_prompt(messages, model_files.chat_template, model_files.tokenizer, 10**9))
+            check_length(messages, bound, model_files.tokenizer, real + 1)  # a bound at most the real length
+            with pytest.raises(APIError):
+                check_length(messages, bound, model_files.tokenizer, count * 4)
 
 
-def test_a_template_that_cannot_render_empty_turns_gives_no_bound(model_files: ModelFiles) -> None:
+def test_a_template_that_cannot_render_the_probes_gives_no_bound(model_files: ModelFiles) -> None:
     refusing = ChatTemplate("{{ raise_exception('no empty turns') }}", "", "")
-    assert tokens_per_message(refusing, model_files.tokenizer) == 0
+    assert measure(refusing, model_files.tokenizer) == PromptBound()
+    trimming = ChatTemplate("{% for m in messages %}<|im_start|>{{ m['content'] | trim }}<|im_end|>{% endfor %}")
+    assert measure(trimming, model_files.tokenizer) == PromptBound(2, 0, counts_text=False)  # no text, no run
 
 
 def test_every_chat_is_rendered_on_the_tokenizer_threads(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,4 +230,5 @@ def test_answered_tool_calls_are_served(server: LiveServer) -> None:
     answered = [ASKED, CALLED, {"role": "tool", "content": "sunny", "tool_call_id": "b"},
                 {"role": "tool", "content": "rainy", "tool_call_id": "a"}]
     assert post(server.url + CHAT, {"messages": answered, "max_tokens": 2}).status == 200
-    assert post(server.url + CHAT, {"messages": [ASKED, CALLED], "max_tokens": 2}).status == 200  # to follow up
+    # ending on unanswered calls is refused too, as OpenAI does
+    refusal(post(server.url + CHAT, {"messages": [ASKED, CALLED]}), "missing_tool_result", "messages[2]")

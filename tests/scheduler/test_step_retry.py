@@ -115,6 +115,15 @@ def test_a_passing_fault_fails_no_one(files: ModelFiles) -> None:
     assert backend.calls == 6 + 2  # six steps (the second failed) and the failed one's two halves
 
 
+def test_passing_faults_count_for_health_but_not_in_a_row(files: ModelFiles) -> None:
+    backend = Poisoned(sim(files, "step_error@2,step_error@5,step_error@8,step_error@11,step_error@14"), set())
+    engine, failures = engine_over(backend, files.tokenizer)
+    outs = run(lambda: generate(engine, [prompt(i) for i in range(4)], [GREEDY] * 4))
+    assert all(o.error is None for o in outs) and engine.failure is None  # 5 failed steps, none in a row
+    assert failures.causes == ["backend_error"] * 5
+    assert engine.degraded() == "5 of the 6 engine steps of the last 30 s failed"  # the backend's, nobody's
+
+
 def test_the_search_halves_down_to_the_poisoned_request(files: ModelFiles) -> None:
     outs, backend, failures = sim_outputs(files, "poison@6", 8)
     assert [i for i, o in enumerate(outs) if o.error] == [6] and "injected poison" in (outs[6].error or "")
@@ -178,6 +187,27 @@ def test_a_sub_batch_is_the_step_restricted_to_its_rows() -> None:
     assert part.sampling.uniforms.tolist() == batch.sampling.uniforms[[0, 2]].tolist()
     assert part.sampling.output_token_ids is not None
     assert part.sampling.output_token_ids.tolist() == [[0, 1], [4, 5]]
+
+
+def test_a_part_that_samples_nothing_has_no_sampling_inputs() -> None:
+    batch = batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 2], [20, 17, 20], [1, 2])
+    assert sub_batch(batch, np.array([0]), BLOCK).sampling is None
+    part = sub_batch(batch, np.array([1]), BLOCK)
+    assert part.sampling is not None and part.sample_rows.tolist() == [0]
+
+
+def test_merged_logprobs_come_from_the_parts_that_have_them() -> None:
+    batch = batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 2], [20, 17, 20], [1, 2])
+    nothing_sampled = StepOutput(np.zeros(0, np.int64))
+    sampled = StepOutput(np.array([7, 9]), np.array([-0.5, -0.25], np.float32), np.ones((2, 3), np.int64),
+                         np.full((2, 3), -1.0, np.float32))
+    merged = merged_output(batch, [(np.array([0]), nothing_sampled), (np.array([1, 2]), sampled)])
+    assert merged.token_ids.tolist() == [7, 9] and merged.logprobs is not None
+    assert merged.logprobs.tolist() == [-0.5, -0.25] and merged.top_token_ids is not None
+    assert merged.top_token_ids.shape == (2, 3)
+    narrower = StepOutput(np.array([5]), np.array([-1.0], np.float32), np.ones((1, 2), np.int64))
+    with pytest.raises(ValueError):  # parts that disagree on a width do not merge
+        merged_output(batch, [(np.array([1, 2]), sampled), (np.array([0, 1]), narrower)])
 
 
 def test_parts_merge_into_the_steps_order() -> None:

@@ -149,8 +149,9 @@ def test_a_template_with_tools_renders_them_itself() -> None:
                           "{% for c in m.tool_calls or [] %}<{{ c.function.arguments.city }}>{% endfor %};{% endfor %}")
     history = [{"role": "user", "content": "Hi"},
                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-                   "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}]
-    assert _render(history, native, TOOLS) == "[get_weather]user:Hi;assistant:<Oslo>;"
+                   "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]  # a call is answered (OpenAI's rule)
+    assert _render(history, native, TOOLS) == "[get_weather]user:Hi;assistant:<Oslo>;tool:sunny;"
 
 
 def test_without_tools_the_prompt_is_unchanged() -> None:
