@@ -8,8 +8,9 @@ another; their gaps between chunks and /health's latency are measured alone, the
 to back (a) a chat with 2,000 tools (1.3 MB) and one with 3,000 messages, both over the server's limits
 (max_tools, max_messages: refused by a shallow count, before anything is decoded in full or rendered), and
 (b) 128 tools of 2 KB (over max_tool_bytes, refused the same way) and 2,000 short messages, which the limits
-and the length bound let through (rendered and tokenized on a tokenizer thread, then refused for the context). Targets: the neighbours' gap p99 under each attack within 2x
-their p99 alone; /health p99 under 100 ms throughout.
+and the length bound let through (rendered and tokenized on a tokenizer thread, then refused for the
+context). Targets: the neighbours' gap p99 under each attack within 2x their p99 alone; /health p99 under
+100 ms throughout.
 """
 
 from __future__ import annotations
