@@ -26,7 +26,11 @@ _QUOTED = re.compile(r"([`'])(.*)\1", re.DOTALL)  # from the first quote to the 
 
 
 async def read_json(request: web.Request, type_: type[T], service: ServiceConfig) -> T:
-    body = await read_body(request, service.max_body_bytes, service.read_timeout_s)
+    return parse_json(await read_body(request, service.max_body_bytes, service.read_timeout_s), type_)
+
+
+def parse_json(body: bytes, type_: type[T]) -> T:
+    """The body's nesting checked, then decoded into `type_` (400s both)."""
     if exceeds_depth(body, MAX_JSON_DEPTH):
         raise too_deep()
     return decode(body, type_)

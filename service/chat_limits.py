@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from service.body import MAX_JSON_DEPTH, decode, read_body, too_deep
+from service.body import parse_json, read_body
 from service.config import ChatLimits, ServiceConfig
 from service.errors import APIError, bad_request
-from service.json_depth import exceeds_depth
-from service.prompt_bound import TURN_ROLES, PromptBound, too_long
+from service.prompt_bound import TURN_ROLES, PromptBound
+from service.prompts import too_long
 from service.tokenize import PromptEncoder
 
 T = TypeVar("T")
@@ -99,7 +99,7 @@ async def read_chat_body(request: web.Request, service: ServiceConfig, encoder: 
     except APIError:
         await pace_refusal(time.perf_counter() - started)
         raise
-    return await encoder.run(len(body), parse, body, type_)
+    return await encoder.run(len(body), parse_json, body, type_)
 
 
 async def pace_refusal(spent_s: float) -> None:
@@ -127,7 +127,7 @@ def _check_turns(messages: list[Any], context: Context) -> None:
     roles = [ROLES_RAW.get(bytes(m.role)) for m in messages if isinstance(m, _Turn)]
     at_least = context.bound.at_least(roles)
     if at_least >= context.max_model_len:
-        raise too_long(at_least, context.max_model_len)
+        raise too_long(at_least, context.max_model_len, "messages")
 
 
 def _check_counts(messages: list[Any], tools: list[Any], limits: ChatLimits) -> None:
@@ -142,9 +142,3 @@ def _check_counts(messages: list[Any], tools: list[Any], limits: ChatLimits) -> 
         raise bad_request(f"the tool definitions take {size} bytes; at most {limits.max_tool_bytes} are accepted",
                           "tools", "tools_too_large")
 
-
-def parse(body: bytes, type_: type[T]) -> T:
-    """The body's depth checked, then decoded into `type_` (on a tokenizer thread when the body is big)."""
-    if exceeds_depth(body, MAX_JSON_DEPTH):
-        raise too_deep()
-    return decode(body, type_)

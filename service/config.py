@@ -118,7 +118,7 @@ class ServiceConfig:
                self.max_tool_bytes) < 1:
             raise ValueError("tokenizer_threads, tokenizer_queue, max_messages, max_tools and max_tool_bytes must "
                              "be at least 1")
-        HealthLimits(self.health_window_s, self.health_failure_rate, stall_floor_s=self.stall_report_s)  # checks
+        _ = self.health  # HealthLimits checks its own values
         if min(self.read_timeout_s, self.keepalive_timeout_s) <= 0:
             raise ValueError("read_timeout_s and keepalive_timeout_s must be positive")
         if self.max_header_bytes < 1024 or self.max_headers < 8:

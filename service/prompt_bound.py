@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from backends.model.chat_template import ChatTemplate
 from backends.model.tokenizer import Tokenizer
-from service.errors import APIError, bad_request
+from service.prompts import tokens_at_least, too_long
 from service.schemas.requests import ChatMessage
 from service.tokenize import message_bytes
 
@@ -51,16 +51,9 @@ def measure(template: ChatTemplate, tokenizer: Tokenizer) -> PromptBound:
 def check_length(messages: Sequence[ChatMessage], bound: PromptBound, tokenizer: Tokenizer,
                  max_model_len: int) -> None:
     """400 context_length_exceeded for messages that cannot fit the context whatever their tokens."""
-    text = -(-message_bytes(messages) // tokenizer.max_token_bytes)
-    at_least = bound.at_least([m.role for m in messages], text)
+    at_least = bound.at_least([m.role for m in messages], tokens_at_least(message_bytes(messages), tokenizer))
     if at_least >= max_model_len:
-        raise too_long(at_least, max_model_len)
-
-
-def too_long(at_least: int, max_model_len: int) -> APIError:
-    return bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at "
-                       f"least {at_least} tokens, which leaves no room for a completion.", "messages",
-                       "context_length_exceeded")
+        raise too_long(at_least, max_model_len, "messages")
 
 
 def _specials_and_runs(tokenizer: Tokenizer, text: str) -> tuple[int, int]:

@@ -42,12 +42,22 @@ def num_prompts(prompt: str | list[Any]) -> int:
 def _encode(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> list[int]:
     """Token ids of `text`, refusing without tokenizing a text that cannot fit the context whatever its tokens
     are: no token is longer than max_token_bytes, so B bytes are at least B / max_token_bytes tokens."""
-    at_least = -(-len(text.encode("utf-8", errors="surrogatepass")) // tokenizer.max_token_bytes)
+    at_least = tokens_at_least(len(text.encode("utf-8", errors="surrogatepass")), tokenizer)
     if at_least >= max_model_len:
-        raise bad_request(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at least "
-            f"{at_least} tokens, which leaves no room for a completion.", param, "context_length_exceeded")
+        raise too_long(at_least, max_model_len, param)
     return tokenizer.encode(text)
+
+
+def tokens_at_least(num_bytes: int, tokenizer: Tokenizer) -> int:
+    """The fewest tokens `num_bytes` of text encode to: no token spans more than max_token_bytes."""
+    return -(-num_bytes // tokenizer.max_token_bytes)
+
+
+def too_long(at_least: int, max_model_len: int, param: str) -> APIError:
+    """400 context_length_exceeded for a prompt known, before tokenizing it, to have at least `at_least` tokens."""
+    return bad_request(f"This model's maximum context length is {max_model_len} tokens. However, your prompt has at "
+                       f"least {at_least} tokens, which leaves no room for a completion.", param,
+                       "context_length_exceeded")
 
 
 def _checked(ids: Sequence[int], tokenizer: Tokenizer, param: str) -> TokenIds:

@@ -166,7 +166,7 @@ async def hang_drill(args: argparse.Namespace) -> tuple[list[str], bool]:
     spec = "hang@10"  # mid-way through the first requests' 24 tokens
     with Server([*SERVER, "--sim-faults", spec, "--step-timeout-s", str(HANG_TIMEOUT_S)]) as server:
         loading = asyncio.create_task(load(server.url, args.concurrency, args.concurrency, seen))
-        unhealthy_after = await _until_unhealthy(server.url, seen)
+        unhealthy_after, _ = await _first_503(server.url, lambda: seen.last_token)
         await loading
         code = await asyncio.to_thread(_wait_exit, server)
         log = server.log_text()
@@ -236,11 +236,6 @@ async def _first_503(url: str, since: Callable[[], float], timeout: float = 30.0
                     return time.monotonic() - since(), (await health.text())
             await asyncio.sleep(0.02)
     return float("inf"), ""
-
-
-async def _until_unhealthy(url: str, seen: Seen, timeout: float = 30.0) -> float:
-    """Seconds from the last token any client got to /health's first 503 (inf if it never came)."""
-    return (await _first_503(url, lambda: seen.last_token, timeout))[0]
 
 
 def _wait_exit(server: Server, timeout: float = 15.0) -> int | None:

@@ -39,6 +39,20 @@ def server(model_files: ModelFiles) -> Iterator[LiveServer]:
     started.close()
 
 
+@pytest.fixture
+def rendered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread of every chat template rendering, in order."""
+    names: list[str] = []
+    real = ChatTemplate.render
+
+    def recording(self: ChatTemplate, *args: Any, **kwargs: Any) -> str:
+        names.append(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChatTemplate, "render", recording)
+    return names
+
+
 def tool(i: int, description: str = "does a thing") -> dict[str, Any]:
     return {"type": "function", "function": {"name": f"tool_{i}", "description": description,
                                              "parameters": {"type": "object", "properties": {}}}}
@@ -61,11 +75,8 @@ def refusal(reply: Any, code: str, param: str) -> str:
     ({"messages": turns(1), "tools": [tool(i) for i in range(5)]}, "too_many_tools", "tools", "at most 4 tools"),
     ({"messages": turns(1), "tools": [tool(0, "x" * 2000)]}, "tools_too_large", "tools", "at most 2000 are"),
 ])
-def test_limits_refuse_before_rendering(server: LiveServer, monkeypatch: pytest.MonkeyPatch, path: str,
-                                        body: dict[str, Any], code: str, param: str, says: str) -> None:
-    rendered: list[int] = []
-    real = ChatTemplate.render
-    monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
+def test_limits_refuse_before_rendering(server: LiveServer, rendered: list[str], path: str, body: dict[str, Any],
+                                        code: str, param: str, says: str) -> None:
     assert says in refusal(post(server.url + path, body), code, param)
     assert rendered == []
     at_limit = {**body, "messages": turns(49), "tools": [tool(i) for i in range(4)], "max_tokens": 1}
@@ -85,11 +96,7 @@ def test_a_refusal_waits_twenty_times_what_counting_took(server: LiveServer, mon
     assert len(paced) == 1  # a request served is never held
 
 
-def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServer,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    rendered: list[int] = []
-    real = ChatTemplate.render
-    monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
+def test_messages_that_cannot_fit_are_refused_before_rendering(server: LiveServer, rendered: list[str]) -> None:
     body = {"messages": [{"role": "user", "content": "word " * 140_000}]}  # 700 KB: over 8192 x 81 bytes
     message = refusal(post(server.url + CHAT, body), "context_length_exceeded", "messages")
     assert "has at least 8644 tokens" in message and rendered == []  # 2 markers, then 700,000 / 81 bytes
@@ -138,13 +145,9 @@ def test_a_template_that_cannot_render_the_probes_gives_no_bound(model_files: Mo
     assert measure(trimming, model_files.tokenizer) == PromptBound(2, 0, counts_text=False)  # no text, no run
 
 
-def test_every_chat_is_rendered_on_the_tokenizer_threads(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    threads: list[str] = []
-    real = ChatTemplate.render
-    monkeypatch.setattr(ChatTemplate, "render",
-                        lambda self, *a, **k: threads.append(threading.current_thread().name) or real(self, *a, **k))
+def test_every_chat_is_rendered_on_the_tokenizer_threads(server: LiveServer, rendered: list[str]) -> None:
     assert post(server.url + CHAT, {"messages": turns(1), "max_tokens": 1}).status == 200
-    assert len(threads) == 1 and threads[0].startswith("pagedserve-tokenize")
+    assert len(rendered) == 1 and rendered[0].startswith("pagedserve-tokenize")
 
 
 def test_a_full_queue_is_refused_with_retry_after() -> None:
