@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.numpy_backend.native.cpu_tiers import CHOICES as CPU_ISAS
+
 BACKEND_NAMES = ("numpy", "cupy", "sim")
 CPU_KERNELS = ("auto", "native", "numpy")
 WEIGHTS = ("gguf", "float32")
@@ -25,6 +27,7 @@ class BackendConfig:
     weights: str = "gguf"  # gguf: each matrix as the file stores it (where a kernel reads its type) | float32
     cpu_precision: str = "exact"  # numpy only: exact (float32 arithmetic) | fast (bfloat16 products, batches)
     kv_cache_dtype: str = "float32"  # numpy only: float32 | float16 (half the KV bytes; cupy's cache is in dtype)
+    cpu_isa: str = "auto"  # numpy only: the CPU tier the C kernels are built for; auto: the highest this CPU runs
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):
@@ -35,11 +38,15 @@ class BackendConfig:
             raise ValueError(f"weights must be one of {WEIGHTS}, not {self.weights!r}")
         if self.cpu_precision not in CPU_PRECISIONS:
             raise ValueError(f"cpu_precision must be one of {CPU_PRECISIONS}, not {self.cpu_precision!r}")
+        if self.cpu_isa not in CPU_ISAS:
+            raise ValueError(f"cpu_isa must be one of {CPU_ISAS}, not {self.cpu_isa!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, not {self.kv_cache_dtype!r}")
         if self.kv_cache_dtype != "float32" and self.name in ("cupy", "sim"):  # not ignored without a word
             where = "in dtype" if self.name == "cupy" else "simulated"
             raise ValueError(f"kv_cache_dtype is a numpy backend setting (the {self.name} backend's cache is {where})")
+        if self.cpu_isa != "auto" and self.name in ("cupy", "sim"):
+            raise ValueError(f"cpu_isa is a numpy backend setting (the {self.name} backend runs no C kernels)")
         if self.sim_faults:  # a typo fails at start-up, naming the item
             from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
 

@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from backends.base import Backend, BackendError
 from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
+from backends.numpy_backend.native.cpu_tiers import AUTO, CpuInfo, CpuTierError
 
 Factory = Callable[[BackendConfig, ModelFiles], Backend]
 
@@ -20,7 +21,7 @@ def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
 
     stored = STORED_TYPES if config.weights == "gguf" else ()
     return NumpyBackend(load_model(files.path, stored), config.cpu_kernels, config.cpu_precision,
-                        config.kv_cache_dtype)
+                        config.kv_cache_dtype, config.cpu_isa)
 
 
 def _cupy(config: BackendConfig, files: ModelFiles) -> Backend:
@@ -46,7 +47,17 @@ def available() -> dict[str, Factory]:
 
 
 def create_backend(config: BackendConfig, files: ModelFiles) -> Backend:
+    check_backend(config)
+    return available()[config.name](config, files)
+
+
+def check_backend(config: BackendConfig) -> None:
+    """What can be refused before the model loads: an unknown backend, and a CPU tier this CPU cannot run."""
     factories = available()
     if config.name not in factories:
         raise BackendError(f"unknown backend '{config.name}' (available: {', '.join(sorted(factories))})")
-    return factories[config.name](config, files)
+    if config.name == "numpy" and config.cpu_isa != AUTO:
+        try:
+            CpuInfo.of_this_host().choose(config.cpu_isa)
+        except CpuTierError as exc:
+            raise BackendError(str(exc)) from exc

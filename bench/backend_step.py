@@ -3,9 +3,10 @@ weights dequantized to float32 and kept as the GGUF stores them (exact and fast 
 float16 KV cache, "-kv16"), side by side.
 
     python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast,gguf-kv16,gguf-fast-kv16]
-                                 [--warm-ms 150] [--steps 3]
+                                 [--warm-ms 150] [--steps 3] [--cpu-isa auto]
 
-Prints the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
+Prints the CPU and the tier its C kernels were built for (`--cpu-isa` forces one, as the server's setting
+does); the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
 them once at the read bandwidth (the floor for a batch-1 decode step) and the resident memory the weights take
 (measured in a fresh process); prefill tokens/s at 512 tokens; decode step time and aggregate tokens/s at
 batch 1, 8, 32 and 64 with 256-token contexts, every mode and batch size taking turns round after round, with
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +45,7 @@ import backends.numpy_backend.model as model_module
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.cpu_tiers import AUTO, CHOICES, CpuInfo, CpuTier, describe
 from backends.numpy_backend.native.fused_step import STAGES
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
@@ -162,15 +166,31 @@ MODES = {"float32": ("float32", "exact", "float32"), "gguf": ("gguf", "exact", "
          "gguf-fast-kv16": ("gguf", "fast", "float16")}
 
 
-def build_modes(names: list[str]) -> list[Mode]:
+def build_modes(names: list[str], cpu_isa: str) -> list[Mode]:
     models = {w: load_model(stored=STORED_TYPES if w == "gguf" else ()) for w in {MODES[n][0] for n in names}}
     modes = []
     for name in names:
         weights, precision, kv_dtype = MODES[name]
-        backend = NumpyBackend(models[weights], "auto", precision, kv_dtype)
+        backend = NumpyBackend(models[weights], "auto", precision, kv_dtype, cpu_isa)
         backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
         modes.append(Mode(name, backend, models[weights].weights.streamed_bytes))
     return modes
+
+
+def cpu_line(tier: CpuTier | None, wanted: str) -> str:
+    """The CPU's model name and the tier the kernels ran: the figures below hold for this tier."""
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    how = "forced" if wanted != AUTO else "the highest it runs"
+    ran = f"tier {tier.name} ({tier.summary}; {how})" if tier is not None else "no C kernels"
+    return f"CPU: {model}, {os.cpu_count()} logical cores; {ran}; it runs {describe(CpuInfo.of_this_host().runnable())}"
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -236,9 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
     parser.add_argument("--warm-ms", type=float, default=150.0, help="steps run untimed in each turn, in ms")
     parser.add_argument("--steps", type=int, default=3, help="steps timed in each turn after the warm-up")
+    parser.add_argument("--cpu-isa", default=AUTO, choices=CHOICES, help="the C kernels' CPU tier")
     args = parser.parse_args(argv)
     reexec_with_defaults("bench.backend_step")
-    modes = build_modes(args.modes.split(","))
+    modes = build_modes(args.modes.split(","), args.cpu_isa)
+    print(cpu_line(modes[0].backend.cpu_tier, args.cpu_isa))
     timer = AttentionTimer()
     model_module.paged_attention = timer
     copy, read = copy_bandwidth(), read_bandwidth()
@@ -247,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     forward = modes[0].backend.forward
     print(f"decode attention: {getattr(forward.decode_attention, '__qualname__', '?')}; projections: "
           f"{getattr(forward.project, '__qualname__', '?')} (C kernel up to {MAX_ROWS} rows, then BLAS); fused C "
-          f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: {NativeMatmul(fast=True).fast_paths()}")
+          f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: "
+          f"{NativeMatmul(fast=True, tier=modes[0].backend.cpu_tier).fast_paths()}")
     print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
     rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
     prefill = {}

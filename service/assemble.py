@@ -4,8 +4,10 @@ model, then the engine (`pagedserve serve`, service/server.py) or the offline LL
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import cast
 
 from backends.base import Backend
@@ -85,6 +87,15 @@ def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
         fitted = ", ".join(f"{name} {value * 1e3:.4g} ms" for name, value in cost.named_coefficients)
         log.info("step-cost model calibrated on %d steps in %.1f s: per %s", done.steps, done.seconds, fitted)
     return cost
+
+
+def backend_info(config: AppConfig, parts: ModelParts) -> Mapping[str, str]:
+    """What runs the model, as /metrics' backend_info labels: the backend, and the CPU tier its C kernels were
+    built for ("none" where none run: the NumPy kernels, or a backend of another kind)."""
+    tier = getattr(parts.backend, "cpu_tier", None)  # the numpy backend's; the others build no CPU kernels
+    return MappingProxyType({"backend": parts.backend.name, "cpu_isa": tier.name if tier is not None else "none",
+                             "cpu_precision": config.backend.cpu_precision, "weights": config.backend.weights,
+                             "kv_cache_dtype": config.backend.kv_cache_dtype})
 
 
 def build_llm(config: AppConfig, parts: ModelParts) -> LLM:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler.core import EngineStats
@@ -31,6 +31,10 @@ class EngineCollector(Collector):
         yield phase
         runtime = self._state.runtime
         yield from _engine_gauges(runtime.engine.stats() if runtime is not None else None)
+        if runtime is not None and runtime.backend_info:
+            yield InfoMetricFamily(PREFIX + "backend", "What runs the model: the backend, the CPU tier its C "
+                                   "kernels were built for, their precision, the weights' and KV cache's types",
+                                   value=dict(runtime.backend_info))
 
 
 def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:

@@ -33,11 +33,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import uvloop
 from aiohttp import web
 
-from backends.base import BackendError
 from backends.model.loader import ModelFiles, open_model
-from backends.registry import available
+from backends.registry import check_backend
 from scheduler.guided import GuideFactory
-from service.assemble import build_engine, build_parts, calibrated_cost, model_name, model_names
+from service.assemble import backend_info, build_engine, build_parts, calibrated_cost, model_name, model_names
 from service.auth import load_keys
 from service.config import AppConfig, telemetry_config
 from service.config_cmd import ConfigCommand, config_from, setup_logging
@@ -81,16 +80,10 @@ def _run(args: argparse.Namespace) -> int:
     # A missing, non-GGUF or unsupported model fails here too (one line, exit 2); the weights load later,
     # in the background, while /health answers 503.
     _, files = open_model(config.backend.model)
-    _check_backend(config.backend.name)
+    check_backend(config.backend)  # an unknown backend, a CPU tier this CPU cannot run
     setup_logging(config.service.log_level)
     build = functools.partial(build_runtime, files=files)
     return uvloop.run(serve(config, build, announce=lambda line: print(line, file=sys.stderr, flush=True)))
-
-
-def _check_backend(name: str) -> None:
-    known = available()
-    if name not in known:
-        raise BackendError(f"unknown backend '{name}' (available: {', '.join(sorted(known))})")
 
 
 async def serve(config: AppConfig, build: RuntimeBuilder | None = None,
@@ -194,7 +187,7 @@ async def build_runtime(config: AppConfig, files: ModelFiles | None = None) -> R
     engine = build_engine(config, parts, observer=telemetry, cost=cost, guides=guides)
     files = parts.files
     return Runtime(engine, files.tokenizer, files.chat_template, telemetry, guides,
-                   measure(files.chat_template, files.tokenizer))
+                   measure(files.chat_template, files.tokenizer), backend_info(config, parts))
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from backends.config import CPU_KERNELS, CPU_PRECISIONS, KV_CACHE_DTYPES, WEIGHTS
+from backends.config import CPU_ISAS, CPU_KERNELS, CPU_PRECISIONS, KV_CACHE_DTYPES, WEIGHTS
 from backends.sim_backend.clock import CLOCKS
 from backends.sim_backend.profiles import MODEL_SHAPES, PROFILES
 from kvpool.config import KV_LAYOUTS
@@ -92,6 +92,10 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "numpy only: exact (float32 arithmetic on the exactly dequantized weights), fast (bfloat16 products "
         "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4 weights; "
         "docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
+    "backend.cpu_isa": SettingDoc(
+        "numpy only: the CPU tier the C kernels are built for (its instruction set); auto: the highest this CPU "
+        "runs; a tier the CPU cannot run is refused at start-up, naming what it lacks (docs/CONFIG.md: CPU "
+        "tiers)", choices=CPU_ISAS),
     "backend.kv_cache_dtype": SettingDoc(
         "numpy only: the KV cache's element type; float16 holds twice the tokens in kv_cache_memory and halves "
         "the bytes attention reads, each value rounded once as it is stored (docs/CONFIG.md: KV cache in "

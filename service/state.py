@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -74,6 +75,8 @@ class Runtime:
     telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
     guides: GuideFactory | None = None  # compiles requests' grammars; None: constrained decoding is refused
     prompt_bound: PromptBound = PromptBound()  # the chat template's length bound (service/prompt_bound.py)
+    # what runs the model: /metrics' backend_info labels (service/assemble.py)
+    backend_info: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 RuntimeBuilder = Callable[[AppConfig], Awaitable[Runtime]]

@@ -14,6 +14,7 @@ from backends.model.loader import LoadedModel
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.model import LlamaForward
+from backends.numpy_backend.native.cpu_tiers import AUTO, CpuInfo, CpuTier, CpuTierError, describe
 from backends.sampling import sample
 from backends.step_shape import CostCoefficients, ModelShape
 
@@ -26,7 +27,7 @@ class NumpyBackend:
     step_is_instant = False  # a step computes for milliseconds: off the event loop
 
     def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact",
-                 kv_cache_dtype: str = "float32") -> None:
+                 kv_cache_dtype: str = "float32", cpu_isa: str = AUTO) -> None:
         self.model = model
         self.cpu_precision = cpu_precision
         if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -34,7 +35,9 @@ class NumpyBackend:
         self.kv_dtype = np.dtype(kv_cache_dtype)  # float16: stored rounded, widened exactly as attention reads it
         cfg = model.config
         report_dequantized(model.weights.dequantized)
-        kernels = choose_kernels(cpu_kernels, cfg, model.weights, cpu_precision)
+        tier = chosen_tier(cpu_isa, cpu_kernels)
+        self.cpu_tier = tier if cpu_kernels != "numpy" else None  # the C kernels' build; None: NumPy's run
+        kernels = choose_kernels(cpu_kernels if tier else "numpy", cfg, model.weights, cpu_precision, tier)
         self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
         self._cache: PagedKVCache | None = None
@@ -83,6 +86,25 @@ class NumpyBackend:
         result = sample(np, logits, batch.sampling)
         timings = {"forward": forward_done - start, "sample": time.perf_counter() - forward_done}
         return StepOutput(result.token_ids, result.logprobs, result.top_token_ids, result.top_logprobs, timings)
+
+
+def chosen_tier(cpu_isa: str, cpu_kernels: str) -> CpuTier | None:
+    """The CPU tier the C kernels are built for, said once at start-up; a forced one this CPU cannot run is a
+    BackendError naming what it lacks. None: no tier fits this CPU (another architecture), so the NumPy
+    kernels run, unless the C ones were asked for."""
+    cpu = CpuInfo.of_this_host()
+    try:
+        tier = cpu.choose(cpu_isa)
+    except CpuTierError as exc:
+        if cpu_isa != AUTO or cpu_kernels == "native":
+            raise BackendError(str(exc)) from exc
+        log.warning("%s: the NumPy kernels run", exc)
+        return None
+    how = "forced by cpu_isa" if cpu_isa != AUTO else "the highest this CPU runs"
+    unused = " (unused: the NumPy kernels run)" if cpu_kernels == "numpy" else ""
+    log.info("CPU tier %s: %s, %s; this CPU runs %s%s", tier.name, tier.summary, how, describe(cpu.runnable()),
+             unused)
+    return tier
 
 
 def report_dequantized(names: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ from backends.model.config import ModelConfig
 from backends.model.weights import ModelWeights
 from backends.numpy_backend.attention import ChunkAttention, DecodeAttention, decode_attention, prefill_attention
 from backends.numpy_backend.native.build import KernelBuildError
+from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
@@ -30,32 +31,35 @@ class CpuKernels:
     chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
 
 
-def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact") -> CpuKernels:
-    """mode "numpy": the references; "native": the C kernels or an error; "auto": each C kernel when it
-    builds and loads, and the attention and fused-step kernels when they support the model's shape.
-    precision "fast": the C projections of batches in bfloat16 products where the CPU has AMX, of steps of 1-3
-    rows on Q4 weights in 8-bit integers (fast_matmul.h); the NumPy kernels have no fast precision."""
-    fast = precision == "fast"
+def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact",
+                   tier: CpuTier | None = None) -> CpuKernels:
+    """mode "numpy": the references; "native": the C kernels built for `tier` or an error; "auto": each C
+    kernel when it builds and loads, and the attention and fused-step kernels when they support the model's
+    shape. precision "fast": the C projections of batches in bfloat16 products on the amx tier, of steps of 1-3
+    rows on Q4 weights in 8-bit integers from the avx2 and neon tiers up (fast_matmul.h); the NumPy kernels
+    have no fast precision. tier None: the highest this CPU runs."""
+    fast, tier = precision == "fast", tier or host_tier()
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
-    decode, chunk = _attention(mode, config)
-    project = _native(mode, "projection", lambda: NativeMatmul(fast=fast).project, numpy_project)
-    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast), chunk)
+    decode, chunk = _attention(mode, config, tier)
+    project = _native(mode, "projection", lambda: NativeMatmul(fast=fast, tier=tier).project, numpy_project)
+    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast, tier), chunk)
 
 
-def _attention(mode: str, config: ModelConfig) -> tuple[DecodeAttention, ChunkAttention]:
+def _attention(mode: str, config: ModelConfig, tier: CpuTier) -> tuple[DecodeAttention, ChunkAttention]:
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     if not NativeAttention.supports(heads, kv_heads, head_dim):
         if mode == "native":
             raise BackendError(f"the C attention kernel does not support {heads}/{kv_heads} heads of {head_dim}")
         return decode_attention, prefill_attention
-    native = _native(mode, "attention", NativeAttention, None)
+    native = _native(mode, "attention", lambda: NativeAttention(tier=tier), None)
     return (native.decode, native.chunk) if native is not None else (decode_attention, prefill_attention)
 
 
-def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights, fast: bool) -> NativeFusedStep | None:
+def _fused_step(mode: str, config: ModelConfig, weights: ModelWeights, fast: bool,
+                tier: CpuTier) -> NativeFusedStep | None:
     if NativeFusedStep.supports(config, weights):
-        return _native(mode, "fused step", lambda: NativeFusedStep(config, weights, fast=fast), None)
+        return _native(mode, "fused step", lambda: NativeFusedStep(config, weights, fast=fast, tier=tier), None)
     if mode == "native":
         raise BackendError("the fused C step does not support this model's shape")
     return None

@@ -4,12 +4,13 @@ fails the test under CI=true and skips it elsewhere (the backend then runs its N
 from __future__ import annotations
 
 import os
-import platform
 import shlex
 import shutil
 
-from backends.numpy_backend.native.build import FLAGS
+from backends.numpy_backend.native.build import FLAGS, tier_flags
+from backends.numpy_backend.native.cpu_tiers import TIERS, CpuTier
 from tests import required
+from tests.backends.tiers import HOST
 
 KERNEL_CHECKS = "the NumPy backend's C kernel tests"
 
@@ -31,11 +32,10 @@ def require_gcc() -> str:
     return found
 
 
-# This machine's build, and on x86 one for a CPU without AVX2, F16C or FMA (the kernels' plain paths; -Wpsabi
-# notes that 8-float vectors pass differently without AVX, which no caller outside the library sees).
-ARCHES = ["-march=native", *(["-march=x86-64-v2 -Wno-psabi"] if platform.machine() in ("x86_64", "AMD64") else [])]
+# Every tier of this machine's architecture, for the tests that only compile (the CPU need not run them all).
+OWN_TIERS = tuple(tier for tier in TIERS if tier.machine == HOST.machine)
 
 
-def flags_for(arch: str) -> list[str]:
-    """The kernels' build flags for another target: `arch` (e.g. "-march=haswell") in place of -march=native."""
-    return [*(f for f in FLAGS if not f.startswith("-march=")), *arch.split()]
+def flags_for(tier: CpuTier) -> list[str]:
+    """The kernels' build flags for `tier`, as backends.numpy_backend.native.build gives them."""
+    return [*FLAGS, *tier_flags(tier)]

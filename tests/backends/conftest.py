@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
+from backends.numpy_backend.native.cpu_tiers import CpuTier
+from backends.numpy_backend.native.matmul import NativeMatmul
 from tests.backends.compiler import require_c_compiler
-from tests.backends.haswell import has_avx2
+from tests.backends.tiers import RUNNABLE, tier_id
 from tests.required import hardware_absent
 
 
@@ -18,5 +24,25 @@ def c_compiler() -> str:
 @pytest.fixture(scope="session")
 def avx2() -> None:
     """A skip, under CI too, where the CPU cannot run an AVX2 build: CI's machine may lack AVX2."""
-    if not has_avx2():
+    if "avx2" not in {tier.name for tier in RUNNABLE}:
         hardware_absent("the CPU cannot run an AVX2 build")
+
+
+@pytest.fixture(scope="session", params=RUNNABLE, ids=tier_id)
+def tier(request: pytest.FixtureRequest) -> CpuTier:
+    """Each CPU tier this host can run, in turn: a kernel test that takes it runs once per tier."""
+    tier: CpuTier = request.param
+    return tier
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory, c_compiler: str) -> Path:
+    """One build cache for the session's kernel tests: each source is compiled once per tier."""
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="session")
+def matmul_for(kernel_cache: Path) -> Callable[[CpuTier, bool], NativeMatmul]:
+    """(tier, fast) -> the projections built for that tier, bound once a session: function-scoped fixtures take
+    them from here, so a test parametrized over some tiers only gets its own tier's build."""
+    return functools.cache(lambda tier, fast: NativeMatmul(cache_dir=kernel_cache, fast=fast, tier=tier))

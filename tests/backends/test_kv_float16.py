@@ -18,9 +18,11 @@ from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.build import SOURCE_DIR
+from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.weights import STORED_TYPES
-from tests.backends.compiler import ARCHES, flags_for
+from tests.backends.bounds import assert_within, attention_bound
+from tests.backends.compiler import flags_for
 from tests.backends.test_native_attention import paged_problem
 from tests.backends.test_native_fused_step import Pair, assert_same_step
 
@@ -28,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compile
 HALF_ULP = 2.0**-10  # float16's spacing relative to a value: two roundings of nearby floats may differ by it
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("kernels")
+def cache_dir(kernel_cache: Path) -> Path:
+    return kernel_cache
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +39,9 @@ def model() -> LoadedModel:
     return load_model(stored=STORED_TYPES)
 
 
-def build_half_check(c_compiler: str, arch: str, directory: Path) -> ctypes.CDLL:
-    library = directory / f"half_check{arch.replace('=', '-')}.so"
-    flags = [*flags_for(arch), "-Wall", "-Werror", f"-I{SOURCE_DIR}"]
+def build_half_check(c_compiler: str, tier: CpuTier, directory: Path) -> ctypes.CDLL:
+    library = directory / f"half_check-{tier.name}.so"
+    flags = [*flags_for(tier), "-Wall", "-Werror", f"-I{SOURCE_DIR}"]
     done = subprocess.run([c_compiler, *flags, "-o", str(library), str(Path(__file__).parent / "half_check.c")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -65,11 +67,10 @@ def awkward_floats() -> np.ndarray:
     return np.concatenate([values, np.zeros(-len(values) % 8, np.float32)])
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_conversions_are_numpys_bit_for_bit(c_compiler: str, tmp_path: Path, arch: str) -> None:
-    """Stores round to nearest, ties to even, as NumPy's astype(float16); loads widen exactly. With F16C and
-    without it (x86-64-v2: the conversions one by one)."""
-    library = build_half_check(c_compiler, arch, tmp_path)
+def test_conversions_are_numpys_bit_for_bit(c_compiler: str, tmp_path: Path, tier: CpuTier) -> None:
+    """Stores round to nearest, ties to even, as NumPy's astype(float16); loads widen exactly. On every tier:
+    with F16C and without it (the generic tier: the conversions one by one)."""
+    library = build_half_check(c_compiler, tier, tmp_path)
     x = awkward_floats()
     rounded = np.empty(len(x), np.float16)
     library.round_to_half(x.ctypes.data, len(x), rounded.ctypes.data)
@@ -93,22 +94,20 @@ def widened(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 128), (6, 1, 32), (5, 5, 8), (2, 1, 264)])
 @pytest.mark.parametrize("block_size", [1, 16])
 @pytest.mark.parametrize("parallel_min_tokens", [0, 1 << 40])
-def test_decode_over_a_float16_cache_matches_the_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
-                                                           block_size: int, parallel_min_tokens: int) -> None:
+def test_decode_over_a_float16_cache_matches_the_reference(tier: CpuTier, cache_dir: Path, heads: int, kv_heads: int,
+                                                           dim: int, block_size: int, parallel_min_tokens: int
+                                                           ) -> None:
     """Widening is exact, so the reference runs on the float16 cache's values, in float64, and the tolerance is
     float32's, not float16's. The specialised copies (group 3, head_dim 64 and 128), the generic, and a head
     too wide to widen once (264: read in place)."""
     rng = np.random.default_rng(heads * 100 + dim + block_size)
     q, k, v, tables, ctx = paged_problem(rng, [1, 2, block_size + 1, 7, 100, 257], heads, kv_heads, dim, block_size)
     k, v = half_cache(k, v)
-    out = NativeAttention(parallel_min_tokens, cache_dir).decode(q, k, v, tables, ctx)
+    out = NativeAttention(parallel_min_tokens, cache_dir, tier).decode(q, k, v, tables, ctx)
     tables = np.maximum(tables, 0)
     ref = decode_attention(*as_float64(q, *widened(k, v)), tables, ctx)
-    # An output's rounding error scales with sum_j w_j |v_j| (its softmax weights times the values' sizes): the
-    # kernel's measured at most 1.1e-6 of it over these shapes (an AVX2 host); 64 float32 ulps (3.8e-6) is the
-    # bound, about 3.5x that. (A float32 NumPy reference was itself off by 6e-6 at head_dim 264 on AVX2.)
     weighted = decode_attention(*as_float64(q, *widened(k, np.abs(v))), tables, ctx)
-    assert (np.abs(out - ref) <= 64 * 2.0**-24 * weighted).all(), np.max(np.abs(out - ref) / weighted)
+    assert_within(out, ref, attention_bound(q, k, weighted, int(ctx.max())))
 
 
 def as_float64(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -117,23 +116,23 @@ def as_float64(*arrays: np.ndarray) -> list[np.ndarray]:
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (5, 5, 8)])
 @pytest.mark.parametrize(("chunk", "context"), [(1, 1), (7, 7), (33, 290)])
-def test_a_chunk_over_a_float16_cache_matches_the_reference(cache_dir: Path, heads: int, kv_heads: int, dim: int,
-                                                            chunk: int, context: int) -> None:
+def test_a_chunk_over_a_float16_cache_matches_the_reference(tier: CpuTier, cache_dir: Path, heads: int, kv_heads: int,
+                                                            dim: int, chunk: int, context: int) -> None:
     rng = np.random.default_rng(chunk * 1000 + context + dim)
     _, k, v, tables, _ = paged_problem(rng, [context], heads, kv_heads, dim, 16)
     k, v = half_cache(k, v)
     q = rng.standard_normal((chunk, heads, dim), dtype=np.float32) * 3
-    out = NativeAttention(0, cache_dir).chunk(q, k, v, tables[0], context)
-    ref = prefill_attention(q, *widened(k, v), np.maximum(tables[0], 0), context)
-    # float32 both, on the same widened values: measured 3.3e-6 apart (the reference within 3.1e-6 of float64), 0.22
-    # of this (AVX2 host), as the float32 cache's chunk test
-    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-5)
+    out = NativeAttention(0, cache_dir, tier).chunk(q, k, v, tables[0], context)
+    table = np.maximum(tables[0], 0)
+    ref, weighted = (prefill_attention(*as_float64(q, *widened(k, values)), table, context)
+                     for values in (v, np.abs(v)))
+    assert_within(out, ref, attention_bound(q, k, weighted, context))
 
 
-def test_a_cache_of_another_type_is_refused(cache_dir: Path) -> None:
+def test_a_cache_of_another_type_is_refused(tier: CpuTier, cache_dir: Path) -> None:
     """Mixed or other element types would be read as the wrong bytes: refused before the call."""
     q, k, v, tables, ctx = paged_problem(np.random.default_rng(1), [5], 4, 4, 16, 4)
-    attention = NativeAttention(cache_dir=cache_dir)
+    attention = NativeAttention(cache_dir=cache_dir, tier=tier)
     for keys, values in ((k.astype(np.float64), v.astype(np.float64)), (k.astype(np.float16), v)):
         with pytest.raises(ValueError, match="float32 or float16"):
             attention.decode(q, keys, values, tables, ctx)

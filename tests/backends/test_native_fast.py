@@ -1,11 +1,14 @@
 """The fast precision (fast_matmul.h): on a CPU whose AMX tiles the process may use, steps of FAST_MIN_ROWS rows
 or more multiply bfloat16-rounded values on the tiles, checked against NumPy's product of the same rounded values;
 smaller steps on Q4_0 / Q4_1 weights round x to 8 bits and multiply integers (q8_dots.h), checked against
-NumPy's q8_reference; every other step is the exact kernels', bit for bit."""
+NumPy's q8_reference; every other step is the exact kernels', bit for bit. The kernel tests run on every CPU tier
+this host runs that has the path they check, and each tier is held to the paths it should have."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -15,9 +18,10 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.model.quant import QuantMatrix
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, q8_reference, q8_rows, to_bfloat16
 from backends.numpy_backend.native.weights import STORED_TYPES
-from tests.backends.haswell import build_haswell, haswell_matmul
+from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES
 from tests.required import hardware_absent
 
 SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: measured 1.6 %, bound 2x
@@ -25,26 +29,55 @@ SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
+Test = TypeVar("Test", bound=Callable[..., None])
 
 
-@pytest.fixture(scope="module")
-def fast(tmp_path_factory: pytest.TempPathFactory) -> NativeMatmul:
-    return NativeMatmul(cache_dir=tmp_path_factory.mktemp("kernels"), fast=True)
+def on_tiers(names: frozenset[str], absent: str) -> pytest.MarkDecorator:
+    """Runs the test on each tier this host runs among `names` (in place of every tier); none: a skip, `absent`
+    saying why (the machine lacks the hardware, and CI's may too)."""
+    tiers = [tier for tier in RUNNABLE if tier.name in names]
+    return pytest.mark.parametrize("tier", tiers or [absent], ids=lambda t: getattr(t, "name", "absent"))
 
 
-@pytest.fixture(scope="module")
-def exact(fast: NativeMatmul) -> NativeMatmul:
-    return NativeMatmul(cache_dir=fast.library_path.parent)
+@pytest.fixture
+def fast(matmul_for: Callable[[CpuTier, bool], NativeMatmul], tier: CpuTier | str) -> NativeMatmul:
+    if isinstance(tier, str):
+        hardware_absent(tier)
+    return matmul_for(tier, True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def exact(matmul_for: Callable[[CpuTier, bool], NativeMatmul], fast: NativeMatmul) -> NativeMatmul:
+    return matmul_for(fast.tier, False)
+
+
+@pytest.fixture
 def tiles(fast: NativeMatmul) -> None:
-    """A skip where the process may not use AMX tiles: the machine lacks them, so CI may too."""
+    """A skip where the process may not use AMX tiles: the OS did not allow it."""
     if not fast.fast_uses_tiles:
+        hardware_absent("this process may not use the AMX tiles")
+
+
+def needs_tiles(test: Test) -> Test:
+    """On the amx tier, where this process may use the tiles."""
+    return on_tiers(TILES, "no AMX tiles on this machine")(pytest.mark.usefixtures("tiles")(test))
+
+
+@pytest.fixture(scope="module")
+def host_tiles(kernel_cache: Path) -> None:
+    """For the tests through the backend, which runs the host's own tier: a skip without AMX tiles."""
+    if not NativeMatmul(cache_dir=kernel_cache, fast=True).fast_uses_tiles:
         hardware_absent("no AMX tiles on this machine")
 
 
-needs_tiles = pytest.mark.usefixtures("tiles")
+def test_the_tier_runs_the_fast_paths_it_should(fast: NativeMatmul, exact: NativeMatmul) -> None:
+    """8-bit small steps exactly on the tiers that have them, tiles only on the amx tier; where a tier lacks the
+    small steps, the fast precision's small steps are the exact ones', bit for bit."""
+    assert fast.fast_small_steps == (fast.tier.name in SMALL_STEPS)
+    assert not fast.fast_uses_tiles or fast.tier.name in TILES
+    if not fast.fast_small_steps:
+        w, x = stored(Q.Q4_1, 40, 576), activations(2, 576)
+        np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
 
 
 def stored(qtype: Q, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
@@ -87,14 +120,14 @@ def test_a_rows_result_does_not_depend_on_its_tile_or_lane(fast: NativeMatmul) -
                                   together[[7, 8, 33, 34]])
 
 
+needs_small_steps = on_tiers(SMALL_STEPS, "no AVX2 or NEON dot products on this machine")
+
+
 @pytest.fixture(scope="module")
-def small_steps(fast: NativeMatmul) -> None:
-    """A skip where the build has no 8-bit small steps (no AVX2): CI's machine may lack them."""
-    if not fast.fast_small_steps:
-        hardware_absent("no AVX2 on this machine")
-
-
-needs_small_steps = pytest.mark.usefixtures("small_steps")
+def host_small_steps() -> None:
+    """For the tests through the backend, which runs the host's own tier: a skip where it has no 8-bit path."""
+    if HOST.choose().name not in SMALL_STEPS:
+        hardware_absent("no AVX2 or NEON dot products on this machine")
 SMALL_SHAPES = [(t, inner, outputs) for t in (Q.Q4_0, Q.Q4_1)
                 for inner, outputs in ((32, 3), (64, 13), (576, 960), (1536, 577))]
 
@@ -164,7 +197,7 @@ def model() -> LoadedModel:
     return load_model(stored=STORED_TYPES)
 
 
-@needs_tiles
+@pytest.mark.usefixtures("host_tiles")
 def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
     """A step of 8 prompts of 5 tokens (40 rows: the tiles) through the default model: the logits stay within
     bfloat16's reach of the exact ones, and each row's greedy token is the exact one's or a near tie with it."""
@@ -187,7 +220,7 @@ def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
     assert np.mean(fast_logits.argmax(1) == exact_logits.argmax(1)) >= 0.75
 
 
-@needs_tiles
+@pytest.mark.usefixtures("host_tiles")
 def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: LoadedModel) -> None:
     """8 chat prompts decoded together (steps of 8 rows: the tiles) for 12 tokens: most continuations agree
     token for token with the exact precision's (a projection that read stale values past its own width once
@@ -200,19 +233,20 @@ def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: Load
     assert sorted(matched)[len(matched) // 2] >= 6 and max(matched) == 12, matched
 
 
-@needs_small_steps
-@pytest.mark.usefixtures("avx2")
-def test_an_avx2_build_gives_the_small_steps_the_same_floats(fast: NativeMatmul, tmp_path: Path,
-                                                              c_compiler: str) -> None:
-    """Without VNNI the integer dot products are pmaddubsw + pmaddwd: the same int32 sums as vpdpbusd, so the
-    same floats, bit for bit."""
-    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast=True)
-    assert haswell.fast_small_steps
+def test_every_tier_gives_the_small_steps_the_same_floats(matmul_for: Callable[[CpuTier, bool], NativeMatmul]
+                                                          ) -> None:
+    """AVX2's pmaddubsw + pmaddwd, VNNI's vpdpbusd and NEON's sdot make the same int32 sums, scaled alike: the
+    same floats, bit for bit, on every tier with the 8-bit path (so the greedy checks below hold on each)."""
+    tiers = [tier for tier in RUNNABLE if tier.name in SMALL_STEPS]
+    if len(tiers) < 2:
+        hardware_absent("fewer than two tiers with 8-bit small steps run on this machine")
+    first, *others = (matmul_for(tier, True) for tier in tiers)
     for qtype in (Q.Q4_0, Q.Q4_1):
         w = stored(qtype, 37, 576, seed=int(qtype))
         for rows in (1, 2, 3):
             x = activations(rows, 576, seed=rows)
-            np.testing.assert_array_equal(haswell.project(x, w), fast.project(x, w))
+            for other in others:
+                np.testing.assert_array_equal(other.project(x, w), first.project(x, w))
 
 
 def decode_after_prompts(model: LoadedModel, precision: str, count: int) -> np.ndarray:
@@ -225,7 +259,7 @@ def decode_after_prompts(model: LoadedModel, precision: str, count: int) -> np.n
     return backend.compute_logits(make_batch(seqs, [[205 + i] for i in range(count)], 16))
 
 
-@needs_small_steps
+@pytest.mark.usefixtures("host_small_steps")
 def test_decode_steps_of_one_to_three_rows_run_on_8_bit_x(model: LoadedModel) -> None:
     """Decode steps of one and of three rows through the default model (the 8-bit path in every layer's
     projections, those that add into the residual too): their logits differ from the exact ones (the path ran)
@@ -236,8 +270,8 @@ def test_decode_steps_of_one_to_three_rows_run_on_8_bit_x(model: LoadedModel) ->
     for count in (1, 3):  # one row, and three (the most the 8-bit path takes)
         exact_logits, fast_logits = (decode_after_prompts(model, precision, count) for precision in ("exact", "fast"))
         assert not np.array_equal(exact_logits, fast_logits)
-        # measured 1.6 % (0.45 of 28, one row and three): the same on every CPU, as the AVX2 and VNNI builds give
-        # the same floats (test_an_avx2_build_gives_the_small_steps_the_same_floats); bound 2x
+        # measured 1.6 % (0.45 of 28, one row and three): the same on every CPU, as every tier's 8-bit path gives
+        # the same floats (test_every_tier_gives_the_small_steps_the_same_floats); bound 2x
         assert np.abs(fast_logits - exact_logits).max() < SMALL_STEP_ERROR * np.abs(exact_logits).max()
     ids = prompts(model, 3)
     outs = [greedy_alone(NumpyBackend(model, "native", p), model, ids, 12) for p in ("exact", "fast")]

@@ -15,6 +15,7 @@ from backends.base import StepBatch
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.fused_step import STORED_MAX_ROWS, NativeFusedStep
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
@@ -58,8 +59,10 @@ class Pair:
     """The NumPy reference backend and the fused one, with the same paged cache."""
 
     def __init__(self, model: LoadedModel, num_blocks: int, block_size: int, seed: int = 0,
-                 kv_cache_dtype: str = "float32") -> None:
-        self.reference, self.fused = (NumpyBackend(model, kernels, kv_cache_dtype=kv_cache_dtype)
+                 kv_cache_dtype: str = "float32", tier: CpuTier | None = None) -> None:
+        """tier: the CPU tier the fused backend's kernels are built for; None: the host's own."""
+        isa = tier.name if tier is not None else "auto"
+        self.reference, self.fused = (NumpyBackend(model, kernels, kv_cache_dtype=kv_cache_dtype, cpu_isa=isa)
                                       for kernels in ("numpy", "native"))
         self.tolerances = HALF_TOLERANCES if kv_cache_dtype == "float16" else Tolerances()
         for backend in (self.reference, self.fused):
@@ -134,8 +137,8 @@ def test_prefill_chunks_and_decodes_in_one_step(model: LoadedModel, monkeypatch:
 
 @pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
 def test_a_long_prompt_takes_the_per_layer_path(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch,
-                                                kv_cache_dtype: str) -> None:
-    pair = Pair(tiny, 256, 4, kv_cache_dtype=kv_cache_dtype)
+                                                kv_cache_dtype: str, tier: CpuTier) -> None:
+    pair = Pair(tiny, 256, 4, kv_cache_dtype=kv_cache_dtype, tier=tier)
     calls = pair.fused_calls(monkeypatch)
     assert_same_step(pair, pair.step_batch([0, 3], [64, 1]))  # 65 rows
     assert calls == []
@@ -144,18 +147,20 @@ def test_a_long_prompt_takes_the_per_layer_path(tiny: LoadedModel, monkeypatch: 
 @pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 64, 65])
 def test_other_head_shape_and_batch_sizes(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, rows: int,
-                                          kv_cache_dtype: str) -> None:
-    """Group of 2, head_dim 16 (the unspecialised attention path); 65 rows take the per-layer path."""
-    pair = Pair(tiny, 1024, 4, seed=rows, kv_cache_dtype=kv_cache_dtype)
+                                          kv_cache_dtype: str, tier: CpuTier) -> None:
+    """Group of 2, head_dim 16 (the unspecialised attention path); 65 rows take the per-layer path. On every
+    tier this host runs."""
+    pair = Pair(tiny, 1024, 4, seed=rows, kv_cache_dtype=kv_cache_dtype, tier=tier)
     calls = pair.fused_calls(monkeypatch)
     lens = [int(n) for n in pair.rng.integers(1, 60, rows)]
     assert_same_step(pair, pair.decode_batch(lens))
     assert calls == ([rows] if rows <= 64 else [])
 
 
-def test_a_rows_logits_do_not_depend_on_the_batch(tiny: LoadedModel) -> None:
-    """Bit for bit: the projections sum a row the same way for any row count, attention is per sequence."""
-    pair = Pair(tiny, 512, 8)
+def test_a_rows_logits_do_not_depend_on_the_batch(tiny: LoadedModel, tier: CpuTier) -> None:
+    """Bit for bit, on every tier: the projections sum a row the same way for any row count, attention is per
+    sequence."""
+    pair = Pair(tiny, 512, 8, tier=tier)
     batch = pair.decode_batch([5, 40, 23, 7, 64, 12, 33])
     together = pair.fused.compute_logits(batch)
     for row in range(7):

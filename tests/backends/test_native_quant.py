@@ -2,7 +2,8 @@
 quant_matmul.h, quant_wide.h), against gguf's NumPy dequantization, for every type, every path (tiles of 1-2
 rows, register blocks of 3+, tail rows) and widths past whole blocks where the format allows them: the float32
 copy's results bit for bit where the sums run in 8 lanes, within float32 rounding of them where they run in 16
-(AVX-512), and always the same result for a row whatever its batch."""
+(AVX-512), and always the same result for a row whatever its batch; on every CPU tier this host runs (the
+avx2 tier's run is the check of the paths without AVX-512 on a host that has it)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from backends.model.quant import QuantMatrix
+from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import readable
-from tests.backends.haswell import build_haswell, haswell_matmul
+from tests.backends.bounds import assert_within, dot_bound
+from tests.backends.tiers import WIDE_SUMS
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
@@ -23,8 +26,13 @@ FLOATS = (Q.F16, Q.BF16)
 
 
 @pytest.fixture(scope="module")
-def matmul(tmp_path_factory: pytest.TempPathFactory) -> NativeMatmul:
-    return NativeMatmul(cache_dir=tmp_path_factory.mktemp("kernels"))
+def matmul(kernel_cache: Path, tier: CpuTier) -> NativeMatmul:
+    return NativeMatmul(cache_dir=kernel_cache, tier=tier)
+
+
+def test_the_tier_sums_in_the_lanes_it_should(matmul: NativeMatmul) -> None:
+    """16 lanes exactly on the AVX-512 tiers: a build that lost its wide path (or gained one) fails here."""
+    assert matmul.wide_sums == (matmul.tier.name in WIDE_SUMS)
 
 
 def stored(qtype: Q, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
@@ -49,8 +57,7 @@ def test_the_float32_copys_results(matmul: NativeMatmul, qtype: Q, inner: int, o
     reference = w.dequantize()  # gguf's NumPy dequantization
     out = matmul.project(x, w)
     assert_same_as_copy(matmul, out, matmul.project(x, reference), x, reference)
-    np.testing.assert_allclose(out, x.astype(np.float64) @ reference.T.astype(np.float64), rtol=1e-5,
-                               atol=2e-6 * np.sqrt(inner) * np.abs(reference).max())
+    assert_within(out, x.astype(np.float64) @ reference.T.astype(np.float64), dot_bound(x, reference))
 
 
 def assert_same_as_copy(matmul: NativeMatmul, out: np.ndarray, copy: np.ndarray, x: np.ndarray, w: np.ndarray
@@ -119,17 +126,3 @@ def test_the_kernel_refuses_what_it_cannot_read(matmul: NativeMatmul) -> None:
     status = matmul._fn(activations(1, 64).ctypes.data, w.data.ctypes.data, w.row_bytes, int(Q.Q5_0),
                         np.empty(8, np.float32).ctypes.data, 1, 64, 8, 0)
     assert status == -2
-
-
-@pytest.mark.usefixtures("avx2")
-def test_an_avx2_build_gives_the_same_floats(matmul: NativeMatmul, tmp_path: Path, c_compiler: str) -> None:
-    """The kernels without AVX-512 (each value converted and scaled, where AVX-512 looks values up in a table of
-    the block's 16; 8-lane sums): built for a Haswell, run here: gguf's values, and the float32 copy's results
-    bit for bit."""
-    haswell = haswell_matmul(build_haswell(c_compiler, tmp_path), fast=False)
-    for qtype in QUANTIZED + FLOATS:
-        w = stored(qtype, 29, 576, seed=int(qtype))
-        np.testing.assert_array_equal(haswell.dense(w), w.dequantize())
-        for rows in (1, 2, 5):
-            x = activations(rows, 576)
-            np.testing.assert_array_equal(haswell.project(x, w), haswell.project(x, w.dequantize()))

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from backends.cupy_backend.launcher import compile_module
 from backends.model.loader import load_model
 from backends.numpy_backend.native.build import build_library
+from backends.numpy_backend.native.cpu_tiers import host_tier
 from backends.numpy_backend.native.weights import STORED_TYPES
 from service.config import ServiceConfig
 from tests.backends.tiny_gguf import write_tiny_llama
@@ -43,10 +44,11 @@ def test_a_kernel_compile_is_logged_once(c_compiler: str, tmp_path: Path, caplog
     caplog.set_level(logging.INFO)
     source = tmp_path / "tiny_kernel.c"
     source.write_text("int tiny_kernel(int x) { return x + 1; }\n")
-    build_library(source, tmp_path / "cache")
-    build_library(source, tmp_path / "cache")  # cached: nothing compiled, nothing said
+    build_library(source, host_tier(), tmp_path / "cache")
+    build_library(source, host_tier(), tmp_path / "cache")  # cached: nothing compiled, nothing said
     [message] = info_messages(caplog, "backends.numpy_backend.native.build")
-    assert re.fullmatch(r"compiled native kernels \(tiny_kernel\) in \d+\.\d s", message), message
+    pattern = rf"compiled native kernels \(tiny_kernel, tier {host_tier().name}\) in \d+\.\d s"
+    assert re.fullmatch(pattern, message), message
 
 
 class FakeModule:

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
+from backends.numpy_backend.native.cpu_tiers import ARM, CpuInfo
 from service.cli import commands, main
 from service.config import all_settings
 from service.setting_docs import doc_of
@@ -79,6 +80,18 @@ def test_unknown_backend_exits_2(capsys: pytest.CaptureFixture[str], command: st
     code, _, err = run(capsys, command, "--backend", "abacus", *extra)
     assert code == 2
     assert_one_line_error(err, "unknown backend 'abacus'")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_cpu_tier_this_cpu_cannot_run_exits_2(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """Refused before any kernel is built, in one line that says what the CPU can run instead."""
+    host = CpuInfo.of_this_host()
+    foreign = "avx2" if host.machine == ARM else "neon"
+    extra = ["--prompt", "x"] if command == "generate" else ["--port", "0"]
+    code, _, err = run(capsys, command, "--cpu-isa", foreign, *extra)
+    assert code == 2
+    assert_one_line_error(err, f"cpu_isa {foreign} is for ")
+    assert f"it can run: {', '.join(tier.name for tier in host.runnable())}" in err
 
 
 def test_subcommands_are_registered_in_one_place() -> None:

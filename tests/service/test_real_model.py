@@ -4,6 +4,7 @@ an independent implementation (transformers) computed from the same GGUF."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from openai import OpenAI
 
 from backends.model.loader import ModelFiles
+from backends.numpy_backend.native.cpu_tiers import CpuInfo
 from tests.service.live import numpy_client
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "smollm2_golden.json"
@@ -53,3 +55,12 @@ def test_greedy_chat_equals_golden(client: OpenAI, golden: dict[str, Any]) -> No
     assert out.usage is not None and out.usage.prompt_tokens == len(case["token_ids"])
     assert case["greedy_stopped_on_eos"] and out.choices[0].finish_reason == "stop"
     assert out.choices[0].message.content == case["greedy_text"].removesuffix("<|im_end|>")
+
+
+def test_metrics_name_the_cpu_tier_the_kernels_were_built_for(client: OpenAI) -> None:
+    """backend_info: what runs the model, the tier as the start-up log says it (the highest this CPU runs)."""
+    metrics = urllib.request.urlopen(str(client.base_url).removesuffix("/v1/") + "/metrics", timeout=30).read()
+    tier = CpuInfo.of_this_host().choose().name
+    expected = (f'pagedserve:backend_info{{backend="numpy",cpu_isa="{tier}",cpu_precision="exact",'
+                f'kv_cache_dtype="float32",weights="gguf"}} 1.0')
+    assert expected in metrics.decode().splitlines()

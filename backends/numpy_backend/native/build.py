@@ -1,8 +1,9 @@
-"""Compile the C kernels beside this file into a shared library, once per source, compiler and CPU.
+"""Compile the C kernels beside this file into a shared library, once per source, CPU tier, compiler and CPU.
 
-The library is built with -march=native for the machine it runs on, so it is compiled on first use rather than
-at install time, and cached under the user's cache directory keyed by a hash of everything that affects the
-binary. Concurrent first uses are safe: each compiles to a private temporary name and renames it into place.
+The library is built for a CPU tier (cpu_tiers.py: the instruction set, `-march=x86-64-v3` for AVX2 say) and
+tuned for the machine it runs on, so it is compiled on first use rather than at install time, and cached under
+the user's cache directory keyed by a hash of everything that affects the binary. Concurrent first uses are
+safe: each compiles to a private temporary name and renames it into place.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from backends.numpy_backend.native.cpu_tiers import CpuInfo, CpuTier
+
 SOURCE_DIR = Path(__file__).parent
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")  # tests add -Wall -Werror
+FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno")  # and a tier's; tests add -Wall -Werror
 OPENMP = ("-fopenmp",)  # the kernels' threads; a compiler without OpenMP builds them single-threaded
 
 
@@ -37,25 +40,34 @@ def default_cache_dir() -> Path:
     return Path(root) / "pagedserve" / "kernels"
 
 
-def build_library(source: Path, cache_dir: Path | None = None, compiler: str | None = None) -> Path:
-    """Path of the compiled library for the C file `source`, compiling it if this build is not cached yet."""
+def build_library(source: Path, tier: CpuTier, cache_dir: Path | None = None, compiler: str | None = None) -> Path:
+    """Path of the compiled library for the C file `source` and `tier`, compiling it if this build is not cached
+    yet."""
     cc = compiler or os.environ.get("CC", "cc")
+    flags, what = (*FLAGS, *tier_flags(tier)), f"{source.stem}, tier {tier.name}"
     try:
-        return _cached_build(cc, (*FLAGS, *OPENMP), source, cache_dir)
+        return _cached_build(cc, (*flags, *OPENMP), source, cache_dir, what)
     except CompileError as exc:  # most likely no OpenMP (clang without libomp): build single-threaded
         log.warning("building %s without OpenMP, so its kernels run on one thread: %s", source.name, exc)
-        return _cached_build(cc, FLAGS, source, cache_dir)
+        return _cached_build(cc, flags, source, cache_dir, what)
     except OSError as exc:  # the source or a header could not be read (an install without them)
         raise KernelBuildError(f"cannot read the kernel source {source}: {exc}") from exc
 
 
-def _cached_build(cc: str, flags: tuple[str, ...], source: Path, cache_dir: Path | None) -> Path:
+def tier_flags(tier: CpuTier, host: CpuInfo | None = None) -> tuple[str, ...]:
+    """The tier's target flags, tuned for this CPU when it is one of the host's (the tuning changes the
+    instructions' order, never which instructions may run)."""
+    own = tier.machine == (host or CpuInfo.of_this_host()).machine
+    return (*tier.arch_flags, *(("-mtune=native",) if own else ()))
+
+
+def _cached_build(cc: str, flags: tuple[str, ...], source: Path, cache_dir: Path | None, what: str) -> Path:
     target = (cache_dir or default_cache_dir()) / f"{source.stem}-{_build_key(source, cc, flags)}.so"
     if not target.exists():
         start = time.perf_counter()
         _compile(cc, flags, source, target)
         # once per source, compiler and CPU, on first use: why this start is slower than the next ones
-        log.info("compiled native kernels (%s) in %.1f s", source.stem, time.perf_counter() - start)
+        log.info("compiled native kernels (%s) in %.1f s", what, time.perf_counter() - start)
     return target
 
 
@@ -98,7 +110,7 @@ def _compiler_version(cc: str) -> str:
 
 
 def _cpu_identity() -> str:
-    """Model name and feature flags of the first CPU (-march=native depends on both)."""
+    """Model name and feature flags of the first CPU (-mtune=native depends on both)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:

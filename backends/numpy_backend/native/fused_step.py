@@ -17,6 +17,7 @@ from backends.model.weights import ModelWeights
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.kernels import MAX_GROUP, kv_half
 from backends.numpy_backend.native.matmul import LANES, MAX_ROWS
 from backends.numpy_backend.native.weights import CWeights, c_weights, readable
@@ -52,10 +53,12 @@ class NativeFusedStep:
     """`run(x, cache, ...)`: every layer of a small step on x (tokens, hidden) in place, writing the KV cache."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_rows: int | None = None,
-                 cache_dir: Path | None = None, fast: bool = False) -> None:
+                 cache_dir: Path | None = None, fast: bool = False, tier: CpuTier | None = None) -> None:
         """fast: the projections in the fast precision (fast_matmul.h), else exact. max_rows: the most tokens a
-        step may have (None: STORED_MAX_ROWS when every layer matrix is kept as stored, else MAX_ROWS)."""
-        self.library_path = build_library(SOURCE_DIR / "fused_step.c", cache_dir)
+        step may have (None: STORED_MAX_ROWS when every layer matrix is kept as stored, else MAX_ROWS). tier: the
+        CPU tier to build for (cpu_tiers.py); None: the highest this CPU runs."""
+        self.tier = tier or host_tier()
+        self.library_path = build_library(SOURCE_DIR / "fused_step.c", self.tier, cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).fused_step_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P, ctypes.c_int]

@@ -12,6 +12,7 @@ import numpy as np
 
 from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -31,8 +32,11 @@ class NativeAttention:
     cache (paged_attention.c, chunk_attention.h). A call with at least `parallel_min_tokens` query-key pairs
     is shared out among the kernels' OpenMP threads."""
 
-    def __init__(self, parallel_min_tokens: int = PARALLEL_MIN_TOKENS, cache_dir: Path | None = None) -> None:
-        self.library_path = build_library(SOURCE_DIR / "paged_attention.c", cache_dir)
+    def __init__(self, parallel_min_tokens: int = PARALLEL_MIN_TOKENS, cache_dir: Path | None = None,
+                 tier: CpuTier | None = None) -> None:
+        """tier: the CPU tier to build for (cpu_tiers.py); None: the highest this CPU runs."""
+        self.tier = tier or host_tier()
+        self.library_path = build_library(SOURCE_DIR / "paged_attention.c", self.tier, cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64]

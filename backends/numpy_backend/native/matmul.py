@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.weights import c_weights, readable
 
 Projection = Callable[[np.ndarray, Matrix], np.ndarray]  # (x, w) -> x @ w.T
@@ -35,10 +36,11 @@ class NativeMatmul:
     1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
-                 library_path: Path | None = None) -> None:
-        """library_path: a build of matmul_rows.c to bind instead of this machine's own (the tests run builds for
-        other targets through it)."""
-        self.library_path = library_path or build_library(SOURCE_DIR / "matmul_rows.c", cache_dir)
+                 library_path: Path | None = None, tier: CpuTier | None = None) -> None:
+        """tier: the CPU tier to build for (cpu_tiers.py); None: the highest this CPU runs. library_path: a build
+        of matmul_rows.c to bind instead (the tests run builds for other targets through it)."""
+        self.tier = tier or host_tier()
+        self.library_path = library_path or build_library(SOURCE_DIR / "matmul_rows.c", self.tier, cache_dir)
         library = ctypes.CDLL(str(self.library_path))
         self._fn = library.matmul_weights_f32
         self._fn.restype = ctypes.c_int
@@ -71,8 +73,9 @@ class NativeMatmul:
 
     def fast_paths(self) -> str:
         """What the fast precision runs on this machine, in words."""
-        tiles = "bfloat16 products on AMX tiles" if self.fast_uses_tiles else "exact (no AMX tiles)"
-        small = "8-bit x, integer dot products" if self.fast_small_steps else "exact (no AVX2)"
+        tier = self.tier.name
+        tiles = "bfloat16 products on AMX tiles" if self.fast_uses_tiles else f"exact (no AMX tiles on {tier})"
+        small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
         return f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}"
 
     def dense(self, w: Matrix) -> np.ndarray:

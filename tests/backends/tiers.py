@@ -1,0 +1,19 @@
+"""The CPU tiers the kernel tests run on: every tier this host can execute (cpu_tiers.py), each built from the
+same source, so a machine with AMX also proves the AVX-512, AVX2 and generic paths; and what each tier's build
+must report it runs, so a build that silently lost a path fails."""
+
+from __future__ import annotations
+
+from backends.numpy_backend.native.cpu_tiers import CpuInfo, CpuTier
+
+HOST = CpuInfo.of_this_host()
+RUNNABLE: tuple[CpuTier, ...] = HOST.runnable()
+
+# Steps of 1-3 rows on Q4 weights in 8-bit integers (q8_dots.h): AVX2's pmaddubsw, VNNI, NEON's sdot.
+SMALL_STEPS = frozenset({"avx2", "avx512", "avx512-vnni", "amx", "neon"})
+WIDE_SUMS = frozenset({"avx512", "avx512-vnni", "amx"})  # stored weights summed in 16 lanes (quant_wide.h)
+TILES = frozenset({"amx"})  # bfloat16 products on AMX tiles, where the kernel may use them (fast_matmul.h)
+
+
+def tier_id(tier: CpuTier) -> str:
+    return tier.name
