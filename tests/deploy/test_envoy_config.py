@@ -41,3 +41,9 @@ def test_a_session_header_picks_the_ring_and_none_picks_least_request() -> None:
     assert clusters[fallback["route"]["cluster"]]["lb_policy"] == "LEAST_REQUEST"
     for cluster in clusters.values():
         assert [c["http_health_check"]["path"] for c in cluster["health_checks"]] == ["/health"]
+
+
+def test_health_changes_reach_the_routing_at_once() -> None:
+    """No merge window: a replica that failed a check or was ejected leaves rotation on the next request."""
+    for cluster in shipped_config()["static_resources"]["clusters"]:
+        assert cluster["common_lb_config"]["update_merge_window"] == "0s"

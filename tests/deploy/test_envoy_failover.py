@@ -96,7 +96,9 @@ async def _kill_scenario(up: Stack) -> None:
         first, _, on_first = busiest(up, running)
         first.signal(signal.SIGKILL)
         await asyncio.to_thread(first.proc.wait)
-        after = await many(up.envoy.url, 10, tokens=2)  # the dead replica's connections refused: retried
+        # Its streams' resets eject it at once (update_merge_window 0s); a request sent there meanwhile is refused
+        # a connection and retried on another replica.
+        after = await many(up.envoy.url, 10, tokens=2)
         done = await asyncio.gather(*streams)
     assert [o.status for o in after] == [200] * len(after), [o.body for o in after if o.status != 200]
     lost = [o for o in done if not o.complete_stream]
