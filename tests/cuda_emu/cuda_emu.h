@@ -1,11 +1,22 @@
 // CPU emulation of the CUDA execution model: enough of it for the kernels in backends/cupy_backend/kernels to
-// compile unchanged with g++ (C++20) and run on host memory. Each CUDA thread is a std::thread; the blocks of a
-// grid run one after another on the same blockDim threads, which is what makes `__shared__` as a function-local
-// `static` sound. `__syncthreads` is a std::barrier over the block, a warp shuffle is a write to a per-warp
-// exchange buffer, one barrier phase over the warp, and a read; dynamic shared memory comes from EXTERN_SHARED.
+// compile unchanged with g++ (C++20) and run on host memory. The blocks of a grid run one after another on the
+// same blockDim CUDA threads, which is what makes `__shared__` as a function-local `static` sound.
+// `__syncthreads` is a barrier over the block, a warp shuffle is a write to a per-warp exchange buffer, one
+// barrier phase over the warp, and a read; dynamic shared memory comes from EXTERN_SHARED.
+//
+// Each CUDA thread is a fiber on the calling thread (ucontext): a barrier yields until the block's (or warp's)
+// last live thread arrives, so a phase costs one user-space switch per thread. As std::threads, every phase
+// woke blockDim threads through the kernel and a quantized GEMV launch took a second on two cores. Running
+// each thread up to its next barrier is one of the schedules CUDA allows, so results still check the kernels;
+// a barrier some thread never reaches fails at once instead of hanging. The ThreadSanitizer build
+// (CUDA_EMU_THREADS, set under -fsanitize=thread) keeps one std::thread per CUDA thread: races need real threads.
 #pragma once
 
 #define CUDA_EMU 1
+
+#if !defined(CUDA_EMU_THREADS) && defined(__SANITIZE_THREAD__)
+#define CUDA_EMU_THREADS 1
+#endif
 
 #include <atomic>
 #include <barrier>
@@ -18,6 +29,11 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#if !CUDA_EMU_THREADS
+#include <sys/mman.h>
+#include <ucontext.h>
+#endif
 
 #define __global__
 #define __device__
@@ -54,13 +70,48 @@ constexpr int kWarpSize = 32;
   std::abort();
 }
 
+#if CUDA_EMU_THREADS
+using Barrier = std::barrier<>;
+#else
+inline void fiber_wait();  // below: lets the block's other fibers run
+inline void fiber_progress();
+
+// std::barrier's arrive_and_wait / arrive_and_drop for fibers of one thread: no locks, the waiters yield.
+class Barrier {
+ public:
+  explicit Barrier(std::ptrdiff_t expected) : expected_(expected) {}
+  void arrive_and_wait() {
+    const unsigned long long phase = phase_;
+    fiber_progress();
+    if (++arrived_ == expected_) {
+      complete();
+      return;
+    }
+    while (phase_ == phase) fiber_wait();
+  }
+  // Arrives for this phase and leaves every later one.
+  void arrive_and_drop() {
+    fiber_progress();
+    if (arrived_ == --expected_) complete();
+  }
+
+ private:
+  void complete() {
+    arrived_ = 0;
+    ++phase_;
+  }
+  std::ptrdiff_t expected_, arrived_ = 0;
+  unsigned long long phase_ = 0;
+};
+#endif
+
 // One warp: a barrier over its live lanes and two banks of per-lane shuffle slots. Consecutive shuffles use
 // alternate banks, so one barrier phase per shuffle is enough: a lane rewrites a bank only after the next
 // shuffle's barrier, which every lane reaches only after reading that bank.
 struct Warp {
   explicit Warp(int lanes) : size(lanes), bar(lanes) {}
   int size;
-  std::barrier<> bar;
+  Barrier bar;
   alignas(16) unsigned char slots[2][kWarpSize][16];
 };
 
@@ -75,7 +126,7 @@ struct Block {
     std::memset(static_cast<void*>(smem.data()), 0xFF, smem.size() * sizeof(Chunk));
   }
   struct alignas(16) Chunk { unsigned char b[16]; };
-  std::barrier<> sync;
+  Barrier sync;
   std::vector<std::unique_ptr<Warp>> warps;
   std::vector<Chunk> smem;
 };
@@ -221,6 +272,8 @@ inline dim3 unflatten(unsigned long long i, dim3 d) {
   return dim3(unsigned(i % d.x), unsigned((i / d.x) % d.y), unsigned(i / xy));
 }
 
+#if CUDA_EMU_THREADS
+
 // Runs `kernel(args...)` over `grid` x `block`; returns when every block has finished.
 template <typename... Params, typename... Args>
 void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*kernel)(Params...), Args... args) {
@@ -255,5 +308,124 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*kernel)(Params
   for (unsigned t = 0; t < threads; ++t) pool.emplace_back(body, t);
   for (std::thread& th : pool) th.join();
 }
+
+#else
+
+// One CUDA thread of the block being run: its context and its values of `tls` while it is switched out.
+struct Fiber {
+  ucontext_t context;
+  ThreadState state;
+  bool finished = false;
+};
+
+// The launch running on this host thread: the context its fibers yield to, the fiber running now, and the
+// lane body they all run.
+struct Scheduler {
+  ucontext_t main;
+  Fiber* current = nullptr;
+  void (*body)(void*) = nullptr;
+  void* arg = nullptr;
+  unsigned long long progress = 0;  // arrivals and exits: a round of the fibers without any is a deadlock
+};
+
+inline thread_local Scheduler scheduler;
+
+inline void fiber_progress() { ++scheduler.progress; }
+inline void fiber_wait() { swapcontext(&scheduler.current->context, &scheduler.main); }
+
+// A fiber's first frame; returning switches to uc_link, the scheduler.
+inline void fiber_entry() {
+  scheduler.body(scheduler.arg);
+  scheduler.current->finished = true;
+  fiber_progress();
+}
+
+// One stack per fiber, each above a guard page, so an overflow faults instead of overwriting a neighbour.
+class Stacks {
+ public:
+  static constexpr std::size_t kBytes = 256 * 1024;
+  static constexpr std::size_t kGuard = 4096;
+
+  explicit Stacks(unsigned count) : size_(count * (kBytes + kGuard)) {
+    void* p = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) fail("no memory for the fibers' stacks");
+    base_ = static_cast<unsigned char*>(p);
+    for (unsigned i = 0; i < count; ++i) {
+      if (mprotect(base_ + i * (kBytes + kGuard), kGuard, PROT_NONE) != 0) fail("mprotect of a guard page");
+    }
+  }
+  ~Stacks() { munmap(base_, size_); }
+  Stacks(const Stacks&) = delete;
+  Stacks& operator=(const Stacks&) = delete;
+
+  void* stack(unsigned i) const { return base_ + i * (kBytes + kGuard) + kGuard; }
+
+ private:
+  std::size_t size_;
+  unsigned char* base_ = nullptr;
+};
+
+// Points the fiber at fiber_entry on its stack. Not inlined: getcontext returns twice as far as the compiler
+// knows (it never does here), which would have it warn about every local of the caller.
+__attribute__((noinline)) inline void start_fiber(Fiber& f, void* stack) {
+  if (getcontext(&f.context) != 0) fail("getcontext");
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = Stacks::kBytes;
+  f.context.uc_stack.ss_flags = 0;
+  f.context.uc_link = &scheduler.main;
+  makecontext(&f.context, fiber_entry, 0);
+}
+
+// Runs the block's fibers in turn, each up to its next wait, until every one has returned.
+inline void run_fibers(std::vector<Fiber>& fibers) {
+  for (std::size_t live = fibers.size(); live > 0;) {
+    const unsigned long long before = scheduler.progress;
+    live = 0;
+    for (Fiber& f : fibers) {
+      if (f.finished) continue;
+      scheduler.current = &f;
+      tls = f.state;
+      swapcontext(&scheduler.main, &f.context);
+      f.state = tls;
+      live += !f.finished;
+    }
+    if (live > 0 && scheduler.progress == before) fail("deadlock: some thread of the block never reaches a barrier");
+  }
+  scheduler.current = nullptr;
+}
+
+// Runs `kernel(args...)` over `grid` x `block`; returns when every block has finished.
+template <typename... Params, typename... Args>
+void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*kernel)(Params...), Args... args) {
+  const unsigned threads = block.x * block.y * block.z;
+  const unsigned long long blocks = static_cast<unsigned long long>(grid.x) * grid.y * grid.z;
+  if (threads == 0 || threads > 1024) fail("block must have 1..1024 threads");
+  if (scheduler.current != nullptr) fail("a kernel launched from a kernel");
+  if (blocks == 0) return;
+  auto body = [&]() {
+    kernel(args...);
+    // Like an exited GPU thread, a finished one stops counting towards later barriers of this block.
+    tls.block->sync.arrive_and_drop();
+    my_warp().bar.arrive_and_drop();
+  };
+  scheduler.body = [](void* lane_body) { (*static_cast<decltype(body)*>(lane_body))(); };
+  scheduler.arg = &body;
+  const Stacks stacks(threads);
+  std::vector<Fiber> fibers(threads);
+  for (unsigned long long b = 0; b < blocks; ++b) {
+    Block current(threads, smem_bytes);
+    for (unsigned t = 0; t < threads; ++t) {
+      Fiber& f = fibers[t];
+      f.finished = false;
+      f.state = ThreadState{.tid = unflatten(t, block), .bid = unflatten(b, grid), .bdim = block, .gdim = grid,
+                            .lane = t % kWarpSize, .warp = t / kWarpSize, .shuffles = 0, .block = &current};
+      start_fiber(f, stacks.stack(t));
+    }
+    run_fibers(fibers);
+  }
+  tls = ThreadState{};
+}
+
+#endif
 
 }  // namespace cuda_emu
