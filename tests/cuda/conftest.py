@@ -1,5 +1,6 @@
 """Session fixtures: the emulation library builds (plain and ThreadSanitizer, built side by side into a temp
-dir) and a runner that starts every selected emulation case in parallel child processes."""
+dir, or taken from the cache of builds from the same inputs) and a runner that starts every selected emulation
+case in parallel child processes."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ def emu_libraries(tmp_path_factory: pytest.TempPathFactory) -> Libraries:
     kinds = ("", "thread") if runtime else ("",)
     builds = {name: toolchain.start_emu_build(gxx, root / (name or "plain"), name) for name in kinds}
     libs: dict[str, Path] = {}
-    for name, (proc, lib) in builds.items():
-        log, _ = proc.communicate(timeout=900)
+    for name, build in builds.items():
+        returncode, log = build.wait(timeout=900)
         label = f"g++ emulation build ({name or 'plain'})"
-        if proc.returncode != 0:
+        if returncode != 0:
             pytest.fail(f"{label} failed:\n{log}")
         if log.strip():
             warnings.warn(toolchain.BuildWarning(f"{label}:\n{log}"), stacklevel=1)
-        libs[name] = lib
+        libs[name] = build.lib
     return Libraries(libs[""], libs.get("thread"), runtime)
 
 

@@ -19,14 +19,13 @@ SOURCES = tuple(path.name for path in toolchain.kernel_sources())
 
 @pytest.fixture(scope="session")
 def cubins(tmp_path_factory: pytest.TempPathFactory) -> Results:
-    """All (source, arch) compilations, two nvcc processes at a time."""
+    """All (source, arch) compilations, two nvcc processes at a time, or their cached results."""
     nvcc = toolchain.require("nvcc")
     out_dir = tmp_path_factory.mktemp("cubins")
     jobs = [(src, arch) for src in toolchain.kernel_sources() for arch in toolchain.CUDA_ARCHS]
 
     def build(job: tuple[Path, str]) -> tuple[subprocess.CompletedProcess[str], Path]:
-        cmd = toolchain.nvcc_command(nvcc, job[0], job[1], out_dir)
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False), Path(cmd[-1])
+        return toolchain.cached_nvcc(nvcc, job[0], job[1], out_dir)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = list(pool.map(build, jobs))

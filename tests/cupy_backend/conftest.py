@@ -19,13 +19,13 @@ from tests.cupy_backend.tiny_model import write_tiny_llama_d64
 @pytest.fixture(scope="session")
 def emu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gxx = toolchain.require("g++")  # CI: a failure; elsewhere: a skip with the reason
-    proc, lib = start_build(gxx, tmp_path_factory.mktemp("cupy_backend_emu"))
-    log, _ = proc.communicate(timeout=900)
-    if proc.returncode != 0:
+    build = start_build(gxx, tmp_path_factory.mktemp("cupy_backend_emu"))
+    returncode, log = build.wait(timeout=900)
+    if returncode != 0:
         pytest.fail(f"g++ emulation build of the backend's kernel source failed:\n{log}")
     if log.strip():
         warnings.warn(toolchain.BuildWarning(f"g++ emulation build (backend source):\n{log}"), stacklevel=1)
-    return lib
+    return build.lib
 
 
 @pytest.fixture(scope="session")

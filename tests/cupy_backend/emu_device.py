@@ -3,7 +3,6 @@ library (tests/cuda_emu), so CupyBackend's code runs unchanged with xp = numpy."
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,12 @@ def emu_device(library: Path) -> tuple[Device, RecordingLauncher]:
     return Device(xp=np, launcher=launcher, name="cpu-emulation"), launcher
 
 
-def start_build(gxx: str, out_dir: Path) -> tuple[subprocess.Popen[str], Path]:
-    """Starts a g++ build of the emulation library from the very source text the backend gives NVRTC
-    (source.module_source), rather than from the .cu files one by one."""
+def start_build(gxx: str, out_dir: Path) -> toolchain.EmuBuild:
+    """The emulation library built from the very source text the backend gives NVRTC (source.module_source),
+    rather than from the .cu files one by one: cached, else a g++ build started (the caller waits)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / MODULE_FILE).write_text(module_source())
     (out_dir / "emu_sources.inc").write_text(f'#include "{MODULE_FILE}"\n')
     registry = "".join(f"    EMU_KERNEL({name}),\n" for name in launch.all_kernel_names())
     (out_dir / "emu_registry.inc").write_text(registry)
-    cmd, lib = toolchain.emu_build_command(gxx, out_dir, "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, lib
+    return toolchain.cached_emu_build(gxx, out_dir, "")
