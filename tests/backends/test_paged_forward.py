@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel
 from backends.numpy_backend.backend import NumpyBackend
 
 PROMPTS = [
@@ -20,8 +20,8 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model()
+def model(real_model: LoadedModel) -> LoadedModel:
+    return real_model  # loaded once for the session (tests/conftest.py)
 
 
 def backend(model: LoadedModel, num_blocks: int, block_size: int) -> NumpyBackend:

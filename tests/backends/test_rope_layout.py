@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.model.loader import load_model
+from backends.model.loader import LoadedModel
 from backends.numpy_backend.layers import RopeTable, rms_norm
 
 
@@ -24,8 +24,8 @@ def rotate_halves(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndar
     return x * cos[:, None, :] + np.concatenate([-second, first], -1) * sin[:, None, :]
 
 
-def test_interleaved_rope_on_gguf_layout_matches_rotate_halves_on_hf_layout() -> None:
-    model = load_model()
+def test_interleaved_rope_on_gguf_layout_matches_rotate_halves_on_hf_layout(real_model: LoadedModel) -> None:
+    model = real_model
     cfg, layer = model.config, model.weights.layers[3]
     rng = np.random.default_rng(0)
     x = rms_norm(rng.normal(size=(12, cfg.hidden_size)).astype(np.float32), layer.attn_norm, cfg.rms_eps)

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuInfo
-from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
@@ -35,7 +34,8 @@ MARGIN_FLOOR = 2e-3  # a greedy step closer than this to a tie may legitimately 
 
 @pytest.fixture(scope="module", params=["float32", "gguf"])
 def model(request: pytest.FixtureRequest) -> LoadedModel:
-    return load_model(stored=STORED_TYPES if request.param == "gguf" else ())
+    """The session's loads (tests/conftest.py): float32 weights, or the file's own."""
+    return request.getfixturevalue("real_model" if request.param == "float32" else "real_model_stored")
 
 
 RUNNABLE = CpuInfo.of_this_host().runnable()

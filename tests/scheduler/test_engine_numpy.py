@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel
 from backends.numpy_backend.backend import NumpyBackend
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
@@ -28,8 +28,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
 
 
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model()
+def model(real_model: LoadedModel) -> LoadedModel:
+    return real_model  # loaded once for the session (tests/conftest.py)
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from backends.base import SamplingInputs, StepBatch, StepOutput
-from backends.model.loader import LoadedModel, ModelFiles, load_model
+from backends.model.loader import LoadedModel, ModelFiles
 from backends.numpy_backend.backend import NumpyBackend
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
@@ -63,8 +63,8 @@ async def generate(engine: Engine, prompts: list[tuple[int, ...]], params: list[
 
 # --- on the real model ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model()
+def model(real_model: LoadedModel) -> LoadedModel:
+    return real_model  # loaded once for the session (tests/conftest.py)
 
 
 def test_a_poisoned_request_fails_alone_and_the_rest_get_their_own_tokens(model: LoadedModel) -> None:
