@@ -10,7 +10,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint bench-backend bench-kv bench-reliability clean
+.PHONY: serve test lint cross-tools bench-backend bench-kv bench-reliability clean
 
 # The install says one line per stage. pip -qq prints its errors only, in full (a failed build's whole output);
 # its warnings and the build backend's notes are for `pip -v`.
@@ -36,6 +36,19 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy service backends scheduler kvpool telemetry bench
+
+# The AArch64 kernel tests' cross compiler and emulator (tests/backends/aarch64/), from Debian's packages: CI runs
+# this as root before the tests, which require them there. Nothing is installed when both are present; the package
+# lists are refreshed only when the install fails without that.
+CROSS_PACKAGES := gcc-aarch64-linux-gnu qemu-user
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(CROSS_PACKAGES)
+cross-tools:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null; then \
+		echo "aarch64-linux-gnu-gcc and qemu-aarch64 are installed"; \
+	else \
+		echo "installing $(CROSS_PACKAGES)"; \
+		$(APT_INSTALL) || { apt-get update -qq && $(APT_INSTALL); }; \
+	fi
 
 bench-backend: $(STAMP)
 	$(BIN)/python -m bench.backend_step

@@ -40,11 +40,55 @@ INLINE vec8 kv_load8(const char *row, int64_t c, int half) {
     return half ? deq8_f16((const uint8_t *)row + c * 16) : *(const vec8 *)(row + c * 32);
 }
 
+#if defined(SIMD_NEON)
+/* kv_load8 as a NEON pair (simd.h), for the NEON loops below. */
+INLINE pair8 kv_pair(const char *row, int64_t c, int half) {
+    return half ? half_pair((const uint8_t *)row + c * 16) : load_pair(row + c * 32);
+}
+#endif
+
 /* The kv heads [first, first + count) that `s` attends. */
 static inline int64_t kv_first(const DecodeShape *s) { return s->kv_count ? s->kv_first : 0; }
 static inline int64_t kv_end(const DecodeShape *s) { return s->kv_count ? s->kv_first + s->kv_count : s->kv_heads; }
 
 /* Scores of one query against 8 key rows: 8 independent FMA chains, then one hsum8. */
+#if defined(SIMD_NEON)
+INLINE vec8 scores8(const vec8 *q, const char *const *k, int64_t chunks, int half) {
+    pair8 acc[LANES];
+#pragma GCC unroll 8
+    for (int j = 0; j < LANES; j++) acc[j] = zero_pair();
+    for (int64_t c = 0; c < chunks; c++) {
+        const pair8 qc = load_pair(q + c);
+#pragma GCC unroll 8
+        for (int j = 0; j < LANES; j++) acc[j] = fma_pair(qc, kv_pair(k[j], c, half), acc[j]);
+    }
+    return hsum8_pairs(acc);
+}
+
+/* row_scores below with NEON pairs: the same two chains a head, summed in hsum's order. */
+INLINE void row_scores(const vec8 *q, const char *k, int64_t chunks, int64_t group, float scale, float *scores,
+                       int64_t stride, int half) {
+    pair8 even[MAX_GROUP], odd[MAX_GROUP];
+#pragma GCC unroll 16
+    for (int64_t g = 0; g < group; g++) even[g] = odd[g] = zero_pair();
+    for (int64_t c = 0; c + 1 < chunks; c += 2) {
+        const pair8 k0 = kv_pair(k, c, half), k1 = kv_pair(k, c + 1, half);
+#pragma GCC unroll 16
+        for (int64_t g = 0; g < group; g++) {
+            even[g] = fma_pair(load_pair(q + g * chunks + c), k0, even[g]);
+            odd[g] = fma_pair(load_pair(q + g * chunks + c + 1), k1, odd[g]);
+        }
+    }
+    if (chunks % 2) {
+        const pair8 last = kv_pair(k, chunks - 1, half);
+#pragma GCC unroll 16
+        for (int64_t g = 0; g < group; g++) even[g] = fma_pair(load_pair(q + g * chunks + chunks - 1), last, even[g]);
+    }
+    for (int64_t g = 0; g < group; g++)
+        scores[g * stride] = scale * hsum_tree_pair((pair8){vaddq_f32(even[g].lo, odd[g].lo),
+                                                            vaddq_f32(even[g].hi, odd[g].hi)});
+}
+#else
 INLINE vec8 scores8(const vec8 *q, const char *const *k, int64_t chunks, int half) {
     vec8 acc[LANES];
     for (int j = 0; j < LANES; j++) acc[j] = q[0] * kv_load8(k[j], 0, half);
@@ -68,6 +112,7 @@ INLINE void row_scores(const vec8 *q, const char *k, int64_t chunks, int64_t gro
         for (int64_t g = 0; g < group; g++) even[g] += q[g * chunks + chunks - 1] * kv_load8(k, chunks - 1, half);
     for (int64_t g = 0; g < group; g++) scores[g * stride] = scale * hsum(even[g] + odd[g]);
 }
+#endif
 
 /* exp for x <= 0 (softmax arguments), to float32 precision: 2^n * exp(r), |r| <= ln2 / 2, with a degree-6
  * Taylor polynomial (error below 2e-7 relative). Arguments below -87 give about 1e-38 instead of less. */
@@ -223,13 +268,58 @@ INLINE void values_all_heads(const DecodeShape *s, const void *v_layer, const in
             for (int64_t g = 0; g < group; g++) {
                 const float p = probs[(h * group + g) * ctx + t];
                 vec8 *sums = acc + (h * group + g) * chunks;
+#if defined(SIMD_NEON)
+                const pair8 weight = broadcast_pair(p);
+                for (int64_t i = 0; i < chunks; i++)
+                    store_pair(sums + i, fma_pair(weight, kv_pair(row, h * chunks + i, half), load_pair(sums + i)));
+#else
                 for (int64_t i = 0; i < chunks; i++) sums[i] += p * kv_load8(row, h * chunks + i, half);
+#endif
             }
     }
 }
 
 #define REGISTER_SUMS 24 /* accumulator vectors that fit AVX-512's 32 registers (AVX2's 16: some spill to L1) */
 
+#if defined(SIMD_NEON)
+#define NEON_SUMS 12 /* accumulator pairs a NEON pass keeps in registers: 24 of the 32 */
+
+/* values_by_head with NEON pairs: where a kv head's group * chunks accumulators are more than NEON_SUMS pairs
+ * and chunks is even, its columns in two passes (each reading its half of the head's slice of every row: each
+ * line still read once). Each output's sum is the generic one's: the same FMAs in token order. */
+INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
+                           int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
+                           int64_t ahead_ctx, int half) {
+    const int64_t head_bytes = s->head_dim * kv_bytes(half);
+    /* columns (vec8s) a pass: a constant where group and chunks are, so the loops over them unroll */
+    const int64_t cols = group * chunks > NEON_SUMS && chunks % 2 == 0 ? chunks / 2 : chunks;
+    for (int64_t h = kv_first(s); h < kv_end(s); h++)
+        for (int64_t first = 0; first < chunks; first += cols) {
+            pair8 sums[REGISTER_SUMS];
+#pragma GCC unroll 24
+            for (int64_t i = 0; i < group * cols; i++) sums[i] = zero_pair();
+            RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, h == kv_first(s) && first == 0, half);
+            const float *p = probs + h * group * ctx;
+            const int ahead_here = h + 1 == kv_end(s) && first + cols == chunks; /* the last pass */
+            for (int64_t t = 0; t < ctx; t++) {
+                if (ahead_here && t < ahead_ctx) prefetch_row(cursor_next(ahead), ahead->row);
+                const char *row = cursor_next(&cursor) + h * head_bytes;
+#pragma GCC unroll 16
+                for (int64_t i = 0; i < cols; i++) {
+                    const pair8 v = kv_pair(row, first + i, half);
+#pragma GCC unroll 16
+                    for (int64_t g = 0; g < group; g++)
+                        sums[g * cols + i] = fma_pair(v, broadcast_pair(p[g * ctx + t]), sums[g * cols + i]);
+                }
+            }
+#pragma GCC unroll 16
+            for (int64_t g = 0; g < group; g++)
+#pragma GCC unroll 16
+                for (int64_t i = 0; i < cols; i++)
+                    store_pair(acc + (h * group + g) * chunks + first + i, sums[g * cols + i]);
+        }
+}
+#else
 /* acc by kv head, its query heads' sums in registers: a pass over the value rows for each kv head, reading only
  * its part of each row, so each line is still read once (the passes per kv head and register tile of an earlier
  * version read whole rows each time). In L1, as in values_all_heads, the sums cost a load and a store beside
@@ -256,6 +346,7 @@ INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int3
         for (int64_t i = 0; i < group * chunks; i++) acc[h * group * chunks + i] = sums[i];
     }
 }
+#endif
 
 /* acc = probs @ V: by kv head in registers where its query heads' accumulators fit, else all heads at once. */
 INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,

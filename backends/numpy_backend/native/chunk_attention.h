@@ -63,6 +63,31 @@ static void gather_kv(const ChunkShape *c, const void *k_layer, const void *v_la
 
 /* o[r, 0..WIDE*8) = p[r, 0..span) @ v[0..span, same columns], for `rows` (1..OUT_ROWS, a constant once inlined)
  * rows of p (row stride ldp) and one strip of WIDE vectors of v's columns (row stride ldv). */
+#if defined(SIMD_NEON)
+/* The NEON pairs' version (simd.h): 12 accumulator pairs, 3 broadcast weights and a column pair, in registers. */
+static inline __attribute__((always_inline)) void weighted_block(const float *p, int64_t ldp, const float *v,
+                                                                  int64_t ldv, int64_t span, float *o,
+                                                                  int64_t ldo, int rows, int wide) {
+    pair8 acc[OUT_ROWS][4];
+#pragma GCC unroll 3
+    for (int r = 0; r < OUT_ROWS; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) acc[r][c] = zero_pair();
+    for (int64_t t = 0; t < span; t++) {
+        pair8 weight[OUT_ROWS];
+#pragma GCC unroll 3
+        for (int r = 0; r < rows; r++) weight[r] = broadcast_pair(p[r * ldp + t]);
+#pragma GCC unroll 4
+        for (int c = 0; c < wide; c++) {
+            const pair8 column = load_pair(v + t * ldv + c * LANES);
+#pragma GCC unroll 3
+            for (int r = 0; r < rows; r++) acc[r][c] = fma_pair(weight[r], column, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < wide; c++) store_pair(o + r * ldo + c * LANES, acc[r][c]);
+}
+#else
 static inline __attribute__((always_inline)) void weighted_block(const float *p, int64_t ldp, const float *v,
                                                                   int64_t ldv, int64_t span, float *o,
                                                                   int64_t ldo, int rows, int wide) {
@@ -77,6 +102,7 @@ static inline __attribute__((always_inline)) void weighted_block(const float *p,
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < wide; c++) __builtin_memcpy(o + r * ldo + c * LANES, &acc[r][c], sizeof(vec8));
 }
+#endif
 
 /* o (rows, head_dim) = p (rows, span) @ v (span, head_dim): strips of 4 vectors (or of 1 when head_dim is not
  * a multiple of 32), blocks of OUT_ROWS rows, each with a constant row count and width. */

@@ -8,7 +8,8 @@
  * dequantization once per weight, as the exact kernels' strips do, and little more.
  *
  * Steps of more rows where the CPU has no AMX or the kernel does not let the process use it (Linux
- * arch_prctl), small steps on other weight types, and every step without AVX2 run the exact kernels
+ * arch_prctl), small steps on other weight types, and every small step without AVX2 (or, on AArch64, the dot
+ * product extension) run the exact kernels
  * (quant_matmul.h): converting the weights to bfloat16 costs a step of one to three rows more than the tiles
  * save. So in this precision a row's result can depend on the size of its batch. The reference of the tiles is
  * the float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark

@@ -1,7 +1,7 @@
 /* 16-bit floats (IEEE binary16): the GGUF's F16 matrices and block scales, and a KV cache kept in float16.
  * Loads widen exactly; stores round to nearest, ties to even, as NumPy's astype(float16) does (a NaN stays a
- * NaN, its payload aside). F16C does eight at a time where the CPU has it; elsewhere the same results one by
- * one. */
+ * NaN, its payload aside). F16C, or NEON's vcvt, does eight at a time where the CPU has it; elsewhere the same
+ * results one by one. */
 #ifndef PAGEDSERVE_HALF_H
 #define PAGEDSERVE_HALF_H
 
@@ -17,6 +17,10 @@
 static inline float half_to_float(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
+#elif defined(SIMD_NEON)
+    __fp16 v; /* AArch64's storage type for IEEE binary16: widened by one FCVT */
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
 #else
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
     uint32_t bits;
@@ -62,10 +66,20 @@ static inline uint16_t load_u16(const uint8_t *p) {
     return v;
 }
 
+#if defined(SIMD_NEON)
+/* 4 float16 values from p, widened (vcvt_f32_f16: exact); loaded as bytes, so p needs no alignment. */
+static inline float32x4_t widen4_f16(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u8(vld1_u8(p))); }
+
+/* 8 float16 values from p as a NEON pair (simd.h). */
+static inline pair8 half_pair(const uint8_t *p) { return (pair8){widen4_f16(p), widen4_f16(p + 8)}; }
+#endif
+
 /* 8 float16 values from p (exact conversions). */
 static inline vec8 deq8_f16(const uint8_t *p) {
 #if defined(__F16C__)
     return (vec8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#elif defined(SIMD_NEON)
+    return vec8_of(half_pair(p));
 #else
     vec8 v;
     for (int i = 0; i < LANES; i++) v[i] = half_to_float(load_u16(p + 2 * i));
@@ -87,6 +101,10 @@ static inline void store_f16(const float *x, int64_t n, uint8_t *p) {
 #if defined(__F16C__)
         _mm_storeu_si128((__m128i *)(p + 2 * i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(SIMD_NEON)
+        /* vcvt_f16_f32 rounds as the FPCR says: to nearest, ties to even, unless a program changed it */
+        vst1_u8(p + 2 * i, vreinterpret_u8_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+        vst1_u8(p + 2 * i + 8, vreinterpret_u8_f16(vcvt_f16_f32(vld1q_f32(x + i + 4))));
 #else
         for (int j = 0; j < LANES; j++) {
             const uint16_t h = float_to_half(x[i + j]);

@@ -17,6 +17,20 @@
 #define TILE 8 /* weight rows per tile: 8 accumulators, one 8-way horizontal sum */
 
 /* The dot products of one row of x with a tile of TILE weight rows: TILE independent FMA chains. */
+#if defined(SIMD_NEON)
+/* The same chains and sums, the accumulators as NEON pairs (simd.h): 16 registers of 32. */
+static inline __attribute__((always_inline)) vec8 tile_dots(const vec8 *x, const vec8 *w, int64_t chunks) {
+    pair8 acc[TILE];
+#pragma GCC unroll 8
+    for (int j = 0; j < TILE; j++) acc[j] = zero_pair();
+    for (int64_t c = 0; c < chunks; c++) {
+        const pair8 xv = load_pair(x + c);
+#pragma GCC unroll 8
+        for (int j = 0; j < TILE; j++) acc[j] = fma_pair(xv, load_pair(w + j * chunks + c), acc[j]);
+    }
+    return hsum8_pairs(acc);
+}
+#else
 static inline __attribute__((always_inline)) vec8 tile_dots(const vec8 *x, const vec8 *w, int64_t chunks) {
     vec8 acc[TILE];
     for (int j = 0; j < TILE; j++) acc[j] = (vec8){0};
@@ -24,14 +38,23 @@ static inline __attribute__((always_inline)) vec8 tile_dots(const vec8 *x, const
         for (int j = 0; j < TILE; j++) acc[j] = fma8(x[c], w[j * chunks + c], acc[j]);
     return hsum8(acc);
 }
+#endif
 
 /* One weight row (those past the last whole tile or strip): one FMA chain, summed as tile_dots and block_dots
  * sum theirs, so every path gives a row of x the same result. Slow (the chain's latency), and only for tails. */
+#if defined(SIMD_NEON)
+static float row_dot(const vec8 *x, const vec8 *w, int64_t chunks) {
+    pair8 acc = zero_pair();
+    for (int64_t c = 0; c < chunks; c++) acc = fma_pair(load_pair(x + c), load_pair(w + c), acc);
+    return hsum_pair(acc);
+}
+#else
 static float row_dot(const vec8 *x, const vec8 *w, int64_t chunks) {
     vec8 acc = {0};
     for (int64_t c = 0; c < chunks; c++) acc = fma8(x[c], w[c], acc);
     return hsum_pairs(acc);
 }
+#endif
 
 /* Tile t (TILE weight rows from row t * TILE) for every row of x; `add`: y += instead of y =. */
 static void project_tile(const float *x, const float *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
@@ -62,6 +85,34 @@ static inline __attribute__((always_inline)) vec8 in_register(vec8 v) {
     return v;
 }
 
+#if defined(SIMD_NEON)
+/* block_dots below with NEON pairs (simd.h): 12 accumulator pairs, 3 weight pairs and an x pair are the 32
+ * registers. The same FMAs in the same order, and hsum4's sums. */
+static inline __attribute__((always_inline)) void block_dots(const float *x, int64_t k, const float *w, float *y,
+                                                             int64_t n, int rows, int add) {
+    const int64_t chunks = k / LANES;
+    pair8 acc[BLOCK_ROWS * STRIP]; /* one dimension: GCC kept a two-dimensional array of pairs in memory */
+#pragma GCC unroll 12
+    for (int a = 0; a < BLOCK_ROWS * STRIP; a++) acc[a] = zero_pair();
+    for (int64_t c = 0; c < chunks; c++) {
+        pair8 wv[STRIP];
+#pragma GCC unroll 3
+        for (int s = 0; s < STRIP; s++) wv[s] = load_pair(w + (s * chunks + c) * LANES);
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) { /* rows past `rows` are never read, their addresses never formed */
+            const pair8 xv = load_pair(x + r * k + c * LANES);
+#pragma GCC unroll 3
+            for (int s = 0; s < STRIP; s++) acc[r * STRIP + s] = fma_pair(xv, wv[s], acc[r * STRIP + s]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++) {
+        float dots[4];
+        vst1q_f32(dots, hsum4_pairs(acc[r * STRIP], acc[r * STRIP + 1], acc[r * STRIP + 2], acc[r * STRIP + 2]));
+        for (int j = 0; j < STRIP; j++) y[r * n + j] = add ? y[r * n + j] + dots[j] : dots[j];
+    }
+}
+#else
 /* y[r, 0..STRIP) (+)= x[r] . w[0..STRIP) for `rows` (1..BLOCK_ROWS, a constant once inlined) rows of x. Each
  * x vector is loaded once into a register and used for the three weight rows: 12 accumulators + 3 weight
  * vectors + 1 x vector are the 16 AVX registers (left to itself, GCC reloaded the weights and folded a load of x
@@ -90,6 +141,7 @@ static inline __attribute__((always_inline)) void block_dots(const float *x, int
         for (int j = 0; j < STRIP; j++) y[r * n + j] = add ? y[r * n + j] + dots[j] : dots[j];
     }
 }
+#endif
 
 /* One register block of `rows` (1..BLOCK_ROWS) rows of x against one strip, with a constant row count for
  * block_dots, so each copy keeps its accumulators in registers. */

@@ -1,7 +1,8 @@
 /* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x and Q4_0 or Q4_1 weights,
  * multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is rounded, per block of 32, to 8-bit
  * integers qx with one scale dx = max |x| / 127; each block's 32 products of the stored 4-bit integers qw and
- * qx are summed exactly in int32 (VNNI's vpdpbusd, or AVX2's pmaddubsw + pmaddwd), then scaled in float:
+ * qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's pmaddubsw + pmaddwd, or the Arm dot product
+ * extension's sdot), then scaled in float:
  *   Q4_1, w = dw * qw + mw:   dw * dx * sum(qw * qx) + mw * sx
  *   Q4_0, w = dw * (qw - 8):  dw * dx * sum(qw * qx) - 8 * dw * sx
  * where sx = dx * sum(qx), the block's x summed, computed once per call. The exact kernels dequantize every
@@ -14,7 +15,9 @@
  *
  * Rounding x costs accuracy, measured by bench/precision.py against the exact precision; and a row's result
  * depends on its step's size (these for small steps, the tiles of fast_matmul.h for larger ones). The
- * reference is q8_reference in matmul.py (tests/backends/test_native_fast.py).
+ * reference is q8_reference in matmul.py (tests/backends/test_native_fast.py). The AArch64 path (NEON with
+ * dot products) does the same float operations in the same order as the AVX2 one, so the two give the same
+ * floats (tests/backends/test_aarch64_kernels.py compares them).
  */
 #ifndef PAGEDSERVE_Q8_DOTS_H
 #define PAGEDSERVE_Q8_DOTS_H
@@ -26,8 +29,15 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define Q8_DOTS 1
+#define Q8_X86 1
 #include <immintrin.h>
+#elif defined(SIMD_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define Q8_DOTS 1
+#else
+#define Q8_DOTS 0
+#endif
 
+#if Q8_DOTS
 static inline int q8_reads(int32_t type) { return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1; }
 
 /* x rounded: m rows of k (k % 32 == 0) in one buffer of q8_x_bytes(m, k), laid out as below. */
@@ -46,6 +56,11 @@ static inline Q8Rows q8_rows_in(void *buffer, int64_t m, int64_t k) {
     return r;
 }
 
+#define Q8_GROUP 8 /* weight rows multiplied together, one a lane */
+
+static inline int64_t q8_block_bytes(int32_t type) { return type == WEIGHTS_Q4_1 ? 20 : 18; }
+
+#if defined(Q8_X86)
 /* Block c (32 floats at x) rounded: qx = round-to-nearest-even(x / dx), as NumPy's rint of x * (1 / dx). (A block
  * whose largest value is below ~4e-37 has a subnormal dx, whose inverse is inf: its qx are then -128 where NumPy's
  * are undefined, and its products, times dx, are below 1e-36.) */
@@ -73,12 +88,6 @@ static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
     *d = scale, *s = scale * (float)_mm_cvtsi128_si32(t);
 }
 
-/* Every row of x rounded into r. */
-static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
-    for (int64_t c = 0; c < m * k / QBLOCK; c++)
-        q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c);
-}
-
 /* acc + the 8 int32 sums of 4 products each of unsigned u and signed s bytes. (pmaddubsw's int16 pairs cannot
  * saturate: qw <= 15 and |qx| <= 127.) */
 static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
@@ -90,10 +99,6 @@ static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
-
-#define Q8_GROUP 8 /* weight rows multiplied together, one a lane */
-
-static inline int64_t q8_block_bytes(int32_t type) { return type == WEIGHTS_Q4_1 ? 20 : 18; }
 
 /* 8 uint32 lanes (each < 65536) as 8 uint16. */
 static inline __m128i low_halves(__m256i v) {
@@ -202,6 +207,98 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
         _mm256_maskstore_ps(out, mask, v);
     }
 }
+#else
+/* q8_block with NEON: the same rounding (vcvtnq_s32_f32: to nearest, ties to even), narrowed to int8 with
+ * saturation (vqmovn) where AVX2's packs saturate. (A block with a subnormal dx saturates its qx to +-127 here
+ * where AVX2 gives -128, and sums them differently: products below 1e-36 either way.) */
+static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
+    float32x4_t v[8], big = vdupq_n_f32(0.0f);
+    for (int u = 0; u < 8; u++) {
+        v[u] = vld1q_f32(x + 4 * u);
+        big = vmaxq_f32(big, vabsq_f32(v[u]));
+    }
+    const float amax = vmaxvq_f32(big), scale = amax / 127.0f; /* the max of floats is exact in any order */
+    const float32x4_t inverse = vdupq_n_f32(scale != 0.0f ? 1.0f / scale : 0.0f);
+    int32x4_t i[8], total = vdupq_n_s32(0);
+    for (int u = 0; u < 8; u++) {
+        i[u] = vcvtnq_s32_f32(vmulq_f32(v[u], inverse));
+        total = vaddq_s32(total, i[u]);
+    }
+    int16x8_t h[4];
+    for (int u = 0; u < 4; u++) h[u] = vcombine_s16(vqmovn_s32(i[2 * u]), vqmovn_s32(i[2 * u + 1]));
+    vst1q_s8(q, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
+    vst1q_s8(q + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
+    *d = scale, *s = scale * (float)vaddvq_s32(total);
+}
+
+/* The float16 at `offset` of four rows (a block's d or m), widened (exact): gathered one by one. */
+static inline float32x4_t q8_scales4(const uint8_t *const *rows, int64_t offset) {
+    uint16_t halves[4];
+    for (int j = 0; j < 4; j++) halves[j] = load_u16(rows[j] + offset);
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(halves)));
+}
+
+/* The integer dot products of one row of x's block (xlo: its values 0-15, xhi: 16-31) with four weight rows'
+ * blocks (lo: their low nibbles, weights 0-15; hi: their high ones, 16-31), one lane a row: each row's two sdots
+ * leave four partial sums, and two levels of pairwise adds give each row's total (exact integers). */
+static inline __attribute__((always_inline)) int32x4_t q8_dots4(const int8x16_t *lo, const int8x16_t *hi,
+                                                              int8x16_t xlo, int8x16_t xhi) {
+    int32x4_t part[4];
+    for (int j = 0; j < 4; j++) part[j] = vdotq_s32(vdotq_s32(vdupq_n_s32(0), lo[j], xlo), hi[j], xhi);
+    return vpaddq_s32(vpaddq_s32(part[0], part[1]), vpaddq_s32(part[2], part[3]));
+}
+
+/* AVX2's q8_group_t with NEON: lane j of the two float vectors (rows 0-3, 4-7) is weight row first + j (past n
+ * the last row again, computed and not stored), and each row of x's block costs the same float operations in
+ * the same order: dots converted, one FMA by dw * dx (rounded first), one FMA of mw by sx, then the sum. */
+static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, const Weights *w, float *y, int64_t k,
+                                                            int64_t n, int64_t first, int add, const int rows,
+                                                            const int32_t type) {
+    const int64_t blocks = k / QBLOCK, bytes = q8_block_bytes(type), nibbles = type == WEIGHTS_Q4_1 ? 4 : 2;
+    const uint8_t *row[Q8_GROUP];
+    for (int j = 0; j < Q8_GROUP; j++) row[j] = weights_row(w, first + j < n ? first + j : n - 1);
+    Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
+    float32x4_t acc[3][2], mins[3][2];
+    for (int i = 0; i < 3; i++)
+        for (int h = 0; h < 2; h++) acc[i][h] = mins[i][h] = vdupq_n_f32(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        ahead_step(&ahead);
+        float32x4_t d[2], m[2];
+        int8x16_t lo[Q8_GROUP], hi[Q8_GROUP];
+        for (int h = 0; h < 2; h++) {
+            d[h] = q8_scales4(row + 4 * h, b * bytes);
+            m[h] = type == WEIGHTS_Q4_1 ? q8_scales4(row + 4 * h, b * bytes + 2) : vmulq_n_f32(d[h], -8.0f);
+        }
+        for (int j = 0; j < Q8_GROUP; j++) {
+            const uint8x16_t q = vld1q_u8(row[j] + b * bytes + nibbles);
+            lo[j] = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f)));
+            hi[j] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+        }
+        for (int i = 0; i < rows; i++) {
+            const int64_t at = i * blocks + b;
+            const int8x16_t xlo = vld1q_s8(x->q + at * QBLOCK), xhi = vld1q_s8(x->q + at * QBLOCK + 16);
+            for (int h = 0; h < 2; h++) {
+                const float32x4_t dots = vcvtq_f32_s32(q8_dots4(lo + 4 * h, hi + 4 * h, xlo, xhi));
+                acc[i][h] = vfmaq_f32(acc[i][h], dots, vmulq_n_f32(d[h], x->d[at]));
+                mins[i][h] = vfmaq_n_f32(mins[i][h], m[h], x->s[at]);
+            }
+        }
+    }
+    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
+    for (int i = 0; i < rows; i++) {
+        float sums[Q8_GROUP], *out = y + i * n + first;
+        vst1q_f32(sums, vaddq_f32(acc[i][0], mins[i][0]));
+        vst1q_f32(sums + 4, vaddq_f32(acc[i][1], mins[i][1]));
+        for (int j = 0; j < valid; j++) out[j] = add ? sums[j] + out[j] : sums[j];
+    }
+}
+#endif
+
+/* Every row of x rounded into r. */
+static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
+    for (int64_t c = 0; c < m * k / QBLOCK; c++)
+        q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c);
+}
 
 /* One group for every row of x (1..3), the count and the type constants. */
 static void q8_group_of(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
@@ -231,7 +328,6 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
     for (int64_t t = 0; t < (n + Q8_GROUP - 1) / Q8_GROUP; t++) q8_group_of(&rows, w, y, m, k, n, t * Q8_GROUP, add);
 }
 #else
-#define Q8_DOTS 0
 static inline int q8_reads(int32_t type) { return (void)type, 0; }
 static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return (void)m, (void)k, 0; }
 #endif

@@ -72,6 +72,39 @@ static inline __attribute__((always_inline)) vec8 deq8_avx2(__m128i bytes, float
 static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
     out[0] = deq8_avx2((__m128i)q, d, m, kind), out[1] = deq8_avx2(_mm_srli_si128((__m128i)q, 8), d, m, kind);
 }
+#elif defined(SIMD_NEON)
+/* 16 bytes as NEON pairs (simd.h), widened u8 -> u16 -> u32 (or signed) and converted, 4 lanes at a time. */
+static inline __attribute__((always_inline)) void deq16_pairs(uint8x16_t q, float d, float m, int kind,
+                                                              pair8 out[2]) {
+    float32x4_t v[4];
+    if (kind == DEQ_SIGNED) {
+        const int16x8_t lo = vmovl_s8(vget_low_s8(vreinterpretq_s8_u8(q))), hi = vmovl_high_s8(vreinterpretq_s8_u8(q));
+        v[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), v[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+        v[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), v[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+    } else {
+        const uint16x8_t lo = vmovl_u8(vget_low_u8(q)), hi = vmovl_high_u8(q);
+        v[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(lo))), v[1] = vcvtq_f32_u32(vmovl_high_u16(lo));
+        v[2] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(hi))), v[3] = vcvtq_f32_u32(vmovl_high_u16(hi));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        if (kind == DEQ_OFFSET8) v[i] = vsubq_f32(v[i], vdupq_n_f32(8.0f)); /* exact */
+        v[i] = vmulq_n_f32(v[i], d);
+        if (kind == DEQ_MIN) {
+            /* two roundings, as gguf's steps (arm_neon.h's vmulq and vaddq are plain * and +, which GCC fuses;
+             * for Q4_1, 4-bit q times a float16 d is exact, so this keeps the steps, not the value) */
+            __asm__("" : "+w"(v[i]));
+            v[i] = vaddq_f32(v[i], vdupq_n_f32(m));
+        }
+    }
+    out[0] = (pair8){v[0], v[1]}, out[1] = (pair8){v[2], v[3]};
+}
+
+static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
+    pair8 p[2];
+    deq16_pairs((uint8x16_t)q, d, m, kind, p);
+    out[0] = vec8_of(p[0]), out[1] = vec8_of(p[1]);
+}
 #else
 static inline __attribute__((always_inline)) void deq16(u8x16 q, float d, float m, int kind, vec8 out[2]) {
     for (int i = 0; i < 16; i++) {
@@ -153,6 +186,40 @@ static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, 
     }
 }
 
+#if defined(SIMD_NEON)
+/* deq8_float as a NEON pair. */
+static inline pair8 deq_pair_float(const uint8_t *row, int32_t type, int64_t c) {
+    if (type == WEIGHTS_F16) return half_pair(row + c * 16);
+    if (type == WEIGHTS_BF16) {
+        const uint16x8_t bits = vreinterpretq_u16_u8(vld1q_u8(row + c * 16));
+        return (pair8){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(bits), 16)),
+                       vreinterpretq_f32_u32(vshll_high_n_u16(bits, 16))};
+    }
+    return load_pair(row + c * 32);
+}
+
+/* deq_block as NEON pairs, for the NEON loops of quant_matmul.h: the same values (deq_q4's and deq_q8_0's
+ * arithmetic, by deq16_pairs). */
+static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t *row, int32_t type, int64_t b,
+                                                                  pair8 out[4]) {
+    if (type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1) {
+        const int with_min = type == WEIGHTS_Q4_1, kind = with_min ? DEQ_MIN : DEQ_OFFSET8;
+        const uint8_t *block = row + b * (with_min ? 20 : 18);
+        const float d = half_to_float(load_u16(block)), m = with_min ? half_to_float(load_u16(block + 2)) : 0.0f;
+        const uint8x16_t q = vld1q_u8(block + (with_min ? 4 : 2));
+        deq16_pairs(vandq_u8(q, vdupq_n_u8(0x0f)), d, m, kind, out);
+        deq16_pairs(vshrq_n_u8(q, 4), d, m, kind, out + 2);
+    } else if (type == WEIGHTS_Q8_0) {
+        const uint8_t *block = row + b * 34;
+        const float d = half_to_float(load_u16(block));
+        deq16_pairs(vld1q_u8(block + 2), d, 0.0f, DEQ_SIGNED, out);
+        deq16_pairs(vld1q_u8(block + 18), d, 0.0f, DEQ_SIGNED, out + 2);
+    } else {
+        for (int u = 0; u < 4; u++) out[u] = deq_pair_float(row, type, 4 * b + u);
+    }
+}
+#endif
+
 static inline int is_quantized(int32_t type) {
     return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q8_0;
 }
@@ -163,9 +230,15 @@ static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t
                                                                    const int32_t type) {
     const int64_t blocks = k / QBLOCK;
     for (int64_t b = 0; b < blocks; b++) {
+#if defined(SIMD_NEON)
+        pair8 v[4];
+        deq_block_pairs(row, type, b, v);
+        for (int u = 0; u < 4; u++) store_pair(out + b * QBLOCK + u * LANES, v[u]);
+#else
         vec8 v[4];
         deq_block(row, type, b, v);
         memcpy(out + b * QBLOCK, v, sizeof v);
+#endif
     }
     for (int64_t c = blocks * 4; c < k / LANES; c++) {
         const vec8 v = deq8_float(row, type, c);

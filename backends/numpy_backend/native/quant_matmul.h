@@ -25,6 +25,59 @@ static inline int nibble_ordered(int32_t type) { return (void)type, 0; }
 #endif
 
 /* Tile t (weight rows t * TILE ..) for `pair` (1 or 2) rows of x; `type` a constant (DISPATCH_TYPE). */
+#if defined(SIMD_NEON)
+#define HALF_TILE 4 /* weight rows of a tile a NEON pass takes: for two rows of x, 8 accumulator pairs */
+
+/* The NEON tile in two passes of HALF_TILE weight rows from `first` (all 8 rows' 16 accumulator pairs would be
+ * every register, with none left for the weights): each pair of a weight row and a row of x accumulates the
+ * same FMAs in the same order as the generic tile, and the pass's hsum4_pairs are hsum8's lanes, so the results
+ * are the generic tile's. sums[i]: row i of x's 4 dot products. */
+static inline __attribute__((always_inline)) void half_tile_t(const float *x, const Weights *w, int64_t pair,
+                                                              int64_t k, int64_t first, Ahead *ahead,
+                                                              float32x4_t sums[2], const int32_t type) {
+    const int64_t blocks = k / QBLOCK, chunks = k / LANES;
+    const float *x1 = x + (pair > 1 ? k : 0);
+    pair8 acc0[HALF_TILE], acc1[HALF_TILE];
+#pragma GCC unroll 4
+    for (int j = 0; j < HALF_TILE; j++) acc0[j] = acc1[j] = zero_pair();
+    for (int64_t b = 0; b < blocks; b++) {
+        ahead_step(ahead);
+#pragma GCC unroll 4
+        for (int j = 0; j < HALF_TILE; j++) {
+            pair8 v[4];
+            deq_block_pairs(weights_row(w, first + j), type, b, v);
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) {
+                acc0[j] = fma_pair(load_pair(x + (4 * b + u) * LANES), v[u], acc0[j]);
+                if (pair > 1) acc1[j] = fma_pair(load_pair(x1 + (4 * b + u) * LANES), v[u], acc1[j]);
+            }
+        }
+    }
+    for (int64_t c = blocks * 4; c < chunks; c++) /* the float types' last chunks, past whole blocks */
+#pragma GCC unroll 4
+        for (int j = 0; j < HALF_TILE; j++) {
+            const pair8 v = deq_pair_float(weights_row(w, first + j), type, c);
+            acc0[j] = fma_pair(load_pair(x + c * LANES), v, acc0[j]);
+            if (pair > 1) acc1[j] = fma_pair(load_pair(x1 + c * LANES), v, acc1[j]);
+        }
+    sums[0] = hsum4_pairs(acc0[0], acc0[1], acc0[2], acc0[3]);
+    sums[1] = hsum4_pairs(acc1[0], acc1[1], acc1[2], acc1[3]);
+}
+
+static inline __attribute__((always_inline)) void tile_pair_t(const float *x, const Weights *w, float *y,
+                                                              int64_t pair, int64_t k, int64_t n, int64_t t,
+                                                              int add, const int32_t type) {
+    Ahead ahead = next_tile_ahead(w, n, t, 2 * (k / QBLOCK)); /* over both passes' blocks */
+    float32x4_t sums[2][2]; /* [pass][row of x] */
+    for (int h = 0; h < 2; h++) half_tile_t(x, w, pair, k, t * TILE + h * HALF_TILE, &ahead, sums[h], type);
+    for (int64_t i = 0; i < pair; i++) {
+        float *out = y + i * n + t * TILE;
+        float32x4_t lo = sums[0][i], hi = sums[1][i];
+        if (add) lo = vaddq_f32(lo, vld1q_f32(out)), hi = vaddq_f32(hi, vld1q_f32(out + 4));
+        vst1q_f32(out, lo), vst1q_f32(out + 4, hi);
+    }
+}
+#else
 static inline __attribute__((always_inline)) void tile_pair_t(const float *x, const Weights *w, float *y,
                                                               int64_t pair, int64_t k, int64_t n, int64_t t,
                                                               int add, const int32_t type) {
@@ -57,6 +110,7 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
         __builtin_memcpy(out, &dots, sizeof dots);
     }
 }
+#endif
 
 /* Tile t for every row of x, two rows at a time (each weight dequantized once per pair). */
 static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
@@ -80,6 +134,21 @@ static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m
 }
 
 /* One weight row (past the last whole tile or strip), dequantized in registers: row_dot's chain. */
+#if defined(SIMD_NEON)
+static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, const uint8_t *row, int64_t k,
+                                                             const int32_t type) {
+    const int64_t blocks = k / QBLOCK;
+    pair8 acc = zero_pair();
+    for (int64_t b = 0; b < blocks; b++) {
+        pair8 v[4];
+        deq_block_pairs(row, type, b, v);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) acc = fma_pair(load_pair(x + 4 * b + u), v[u], acc);
+    }
+    for (int64_t c = blocks * 4; c < k / LANES; c++) acc = fma_pair(load_pair(x + c), deq_pair_float(row, type, c), acc);
+    return hsum_pair(acc);
+}
+#else
 static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, const uint8_t *row, int64_t k,
                                                              const int32_t type) {
     const int64_t blocks = k / QBLOCK;
@@ -92,6 +161,7 @@ static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, cons
     for (int64_t c = blocks * 4; c < k / LANES; c++) acc = fma8(x[c], deq8_float(row, type, c), acc);
     return hsum_pairs(acc);
 }
+#endif
 
 static float row_dot_q(const vec8 *x, const uint8_t *row, int32_t type, int64_t k) {
     float dot = 0.0f;
