@@ -52,7 +52,7 @@ TIERS: tuple[CpuTier, ...] = (
     CpuTier("amx", X86, ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16",
                          "-mamx-int8"), _AMX, "AVX-512 VNNI and BF16, AMX tiles"),
     CpuTier("generic", ARM, ("-march=armv8-a",), frozenset({"asimd"}),  # every ARMv8-A CPU has Advanced SIMD
-            "Advanced SIMD (NEON) through the plain C paths"),
+            "NEON without the int8 dot products"),
     CpuTier("neon", ARM, ("-march=armv8.2-a+dotprod+fp16",), _NEON, "NEON with int8 dot products and float16"),
 )
 NAMES = tuple(dict.fromkeys(tier.name for tier in TIERS))

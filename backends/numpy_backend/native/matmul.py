@@ -32,8 +32,8 @@ class NativeMatmul:
     """`project(x, w)` = x @ w.T: the C kernel when x has 1..max_rows rows of C-contiguous float32 and the
     kernel reads w as it is (weights.readable); NumPy (BLAS) otherwise, on w dequantized by `dense` when it is
     stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
-    (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; with AVX2, steps of
-    1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
+    (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; on every tier but
+    generic, steps of 1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
                  library_path: Path | None = None, tier: CpuTier | None = None) -> None:
@@ -53,7 +53,7 @@ class NativeMatmul:
         # stored weights summed in 16 lanes: their results differ from the float32 copy's by float32 rounding
         self.wide_sums = bool(library.quant_sums_wide())
         self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else larger steps are exact in fast
-        self.fast_small_steps = bool(library.fast_small_steps())  # AVX2: else small steps are exact in fast
+        self.fast_small_steps = bool(library.fast_small_steps())  # not on generic: small steps exact in fast
         self.fast = fast and (self.fast_uses_tiles or self.fast_small_steps)
         self.max_rows = max_rows
         self.threaded = bool(library.built_with_openmp())  # False: built without OpenMP, one thread
