@@ -177,13 +177,18 @@ def build_modes(names: list[str], cpu_isa: str) -> list[Mode]:
     return modes
 
 
-def cpu_line(tier: CpuTier | None, wanted: str) -> str:
-    """The CPU's model name and the tier the kernels ran: the figures below hold for this tier."""
+def cpu_model() -> str:
+    """The CPU's model name and logical cores, and the tiers it runs."""
     model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
                  platform.processor() or platform.machine())
+    return f"CPU: {model}, {os.cpu_count()} logical cores, runs tiers {describe(CpuInfo.of_this_host().runnable())}"
+
+
+def cpu_line(tier: CpuTier | None, wanted: str) -> str:
+    """The CPU and the tier the kernels ran: the figures below hold for this tier."""
     how = "forced" if wanted != AUTO else "the highest it runs"
     ran = f"tier {tier.name} ({tier.summary}; {how})" if tier is not None else "no C kernels"
-    return f"CPU: {model}, {os.cpu_count()} logical cores; {ran}; it runs {describe(CpuInfo.of_this_host().runnable())}"
+    return f"{cpu_model()}; kernels built for {ran}"
 
 
 def _cpuinfo_lines() -> list[str]:

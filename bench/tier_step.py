@@ -1,0 +1,68 @@
+"""The NumPy backend's decode step on each CPU tier this machine runs, in CPU time on one thread:
+
+    OMP_NUM_THREADS=1 python -m bench.tier_step [--tiers generic,avx2] [--batches 1,8] [--steps 20]
+
+For each tier (cpu_tiers.py; default: every one the CPU runs) and each mode (float32 weights, the GGUF's own,
+and the GGUF's in the fast precision), the median process CPU time of a decode step at each batch size with
+256-token contexts, and the gguf / float32 ratio. CPU time on one thread is what the kernels cost, whatever
+else the host runs, so the figures compare tiers on a shared machine where wall times swing; a step's wall time
+on several cores is bounded below by it divided by the cores, and by the bytes it streams (bench.backend_step
+measures both). Run it with OMP_NUM_THREADS=1: with more, the threads' spin-waits count as CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from backends.model.loader import LoadedModel, load_model
+from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.cpu_tiers import CpuInfo
+from backends.numpy_backend.native.weights import STORED_TYPES
+from bench.backend_step import BATCHES, BLOCK, CONTEXT, AttentionTimer, cpu_model, decode_step
+
+MODES = {"float32": ("float32", "exact"), "gguf": ("gguf", "exact"), "gguf-fast": ("gguf", "fast")}
+
+
+def step_cpu_ms(backend: NumpyBackend, batch: int, steps: int, timer: AttentionTimer) -> float:
+    """Median CPU milliseconds of a decode step, after two untimed ones."""
+    for _ in range(2):
+        decode_step(backend, batch, timer)
+    times = []
+    for _ in range(steps):
+        start = time.process_time()
+        decode_step(backend, batch, timer)
+        times.append(time.process_time() - start)
+    return statistics.median(times) * 1e3
+
+
+def tier_rows(models: dict[str, LoadedModel], tier: str, batches: list[int], steps: int) -> dict[str, list[float]]:
+    timer, rows = AttentionTimer(), {}
+    for mode, (weights, precision) in MODES.items():
+        backend = NumpyBackend(models[weights], "native", precision, "float32", tier)
+        backend.init_cache(max(batches) * (CONTEXT // BLOCK + 1), BLOCK)
+        rows[mode] = [step_cpu_ms(backend, batch, steps, timer) for batch in batches]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiers", default=",".join(t.name for t in CpuInfo.of_this_host().runnable()))
+    parser.add_argument("--batches", default="1,8", help=f"of {BATCHES} or any")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per tier, mode and batch")
+    args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"{cpu_model()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
+    models = {"gguf": load_model(stored=STORED_TYPES), "float32": load_model(stored=())}
+    print(f"{'tier':>12} {'mode':>10} " + " ".join(f"{f'batch {b} ms':>12}" for b in batches) + "  gguf / float32")
+    for tier in args.tiers.split(","):
+        rows = tier_rows(models, tier, batches, args.steps)
+        for mode, cells in rows.items():
+            ratio = " ".join(f"{c / f:.2f}" for c, f in zip(cells, rows["float32"], strict=True))
+            print(f"{tier:>12} {mode:>10} " + " ".join(f"{c:>12.1f}" for c in cells) + f"  {ratio}")
+
+
+if __name__ == "__main__":
+    main()
