@@ -50,6 +50,10 @@ class Timeline(NullObserver):
     token_times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     steps: list[StepRecord] = field(default_factory=list)
     finished: int = 0
+    itl_target_s: float = 0.0  # the ITL target the scheduler holds steps to, as the engine reported it
+
+    def itl_target(self, seconds: float) -> None:
+        self.itl_target_s = seconds
 
     def step_finished(self, step: StepRecord, tokens: Sequence[TokenRecord]) -> None:
         self.steps.append(step)
@@ -70,6 +74,7 @@ class SimResult:
     output_tokens: int
     duration: float  # first request sent to last token
     steps: list[StepRecord]
+    itl_target_s: float = 0.0  # the ITL target in force (0: off)
 
     @property
     def throughput(self) -> float:
@@ -99,7 +104,7 @@ def run_engine(backend: Backend, files: ModelFiles, config: SchedulerConfig, loa
     backend.init_cache(num_blocks, BLOCK)
     max_len = load.prompt_len + load.output_len + BLOCK
     kv = PagedKVCacheManager(num_blocks, BLOCK, enable_prefix_caching=False)
-    if cost is None and config.itl_target_ms > 0 and not isinstance(backend, SimBackend):
+    if cost is None and config.targets_itl and not isinstance(backend, SimBackend):
         cost = StepCostModel(backend.cost_prior())
         calibrate(config, kv, backend, files.tokenizer, max_len, cost)
     timeline = Timeline()
@@ -147,4 +152,4 @@ def _result(timeline: Timeline, clients: _Clients) -> SimResult:
     ttft = np.array([times[r][0] - sent for r, sent in clients.sent_at.items()])
     end = max(t[-1] for t in times.values())
     return SimResult(itl, tpot, ttft, sum(len(t) for t in times.values()), end - min(clients.sent_at.values()),
-                     timeline.steps)
+                     timeline.steps, timeline.itl_target_s)

@@ -3,10 +3,13 @@ inter-token-latency target."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Final, Literal
 
 BATCHING = ("continuous", "static")
 SCHEDULING = ("fcfs", "priority")
+AUTO: Final = "auto"  # itl_target_ms derived at start-up from the calibrated step cost (scheduler/itl_target.py)
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,9 @@ class SchedulerConfig:
     max_preemptions: int = 8
     # While sequences decode, prefill is cut so that a step's predicted time (scheduler/step_cost.py) stays
     # within this many ms: the stall every decoding stream sees when a prompt is prefilled beside it. 0: off,
-    # prefill takes whatever max_num_batched_tokens leaves.
-    itl_target_ms: float = 100.0
+    # prefill takes whatever max_num_batched_tokens leaves. "auto": a multiple of a full decode step's
+    # calibrated cost, at least 100 ms (scheduler/itl_target.py), so that a slow host is not held to a GPU's.
+    itl_target_ms: float | Literal["auto"] = AUTO
     min_prefill_chunk: int = 32  # tokens a step's first prompt chunk always gets, however tight the target
     # After every step, check that the scheduler's rows index exactly its running sequences, their tokens and
     # the KV pool's block tables, and the pool's own invariants (O(blocks + rows) a step); a mismatch fails the
@@ -44,9 +48,22 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.max_preemptions < 0:
             raise ValueError("max_preemptions must be non-negative")
-        if not self.itl_target_ms >= 0:
-            raise ValueError(f"itl_target_ms must be 0 (off) or positive, not {self.itl_target_ms}")
+        if not _valid_itl_target(self.itl_target_ms):
+            raise ValueError(f"itl_target_ms must be {AUTO!r}, 0 (off) or a positive number of ms, "
+                             f"not {self.itl_target_ms!r}")
         if not self.failed_step_retry_s >= 0:
             raise ValueError(f"failed_step_retry_s must be 0 (off) or positive, not {self.failed_step_retry_s}")
         if self.min_prefill_chunk < 1:
             raise ValueError("min_prefill_chunk must be positive")
+
+    @property
+    def targets_itl(self) -> bool:
+        """An ITL target is asked for: a number of ms, or derived ("auto"); False when it is off (0)."""
+        return self.itl_target_ms != 0
+
+
+def _valid_itl_target(value: object) -> bool:
+    if value == AUTO:
+        return True
+    # bool is an int, and True ms is no target anyone means; nan and inf bound nothing
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0

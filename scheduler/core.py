@@ -73,6 +73,7 @@ class EngineCore:
         self._planned_at = 0.0  # when the step being run was planned: its time runs from there to its tokens
         self.observer: EngineObserver = observer or NullObserver()
         self._observes_steps = observes_steps(self.observer)
+        self.observer.itl_target(self.scheduler.itl_target.seconds)
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
         self.accepting = True

@@ -35,6 +35,7 @@ from kvpool import KVCacheManager
 from scheduler.batch_builder import build_batch
 from scheduler.config import SchedulerConfig
 from scheduler.guided import PendingMasks
+from scheduler.itl_target import ItlTarget, resolve_itl_target
 from scheduler.persistent_batch import PersistentBatch
 from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
@@ -84,6 +85,12 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.cost = cost  # predicts each step's time; with itl_target_ms, sizes prefill to fit the target
+        # "auto" is derived once, from the model as calibrated at start-up on steps of designed shapes. The
+        # online refits see mostly one shape (a steady batch decoding), which does not tell the per-row cost
+        # from the per-KV-token one: on 16 streams their prediction for a 64-row step swung 0.5-3 s within
+        # 90 s of steady load. Without a model there is nothing to hold steps to.
+        self.itl_target = ItlTarget(0.0) if cost is None else resolve_itl_target(config, cost.coefficients,
+                                                                                 max_model_len)
         # The longest a sequence may grow: the context, or the whole pool when that holds fewer tokens (a
         # sequence that outgrew the pool would preempt itself forever). Reaching it ends it with "length".
         self.max_seq_len = min(max_model_len, kv.max_sequence_tokens)
@@ -229,7 +236,8 @@ class Scheduler:
     def _prefill_time(self) -> PrefillTime | None:
         """The target's time left for prefill after the decode part, when a target is set and someone decodes
         (with nobody decoding, prefill stalls no one and runs at the full token budget)."""
-        if self.cost is None or self.config.itl_target_ms <= 0 or not self.running:
+        target = self.itl_target
+        if self.cost is None or target.ms <= 0 or not self.running:
             return None
         _, rows = self._running_index()
         starts, known = self.rows.computed[rows], self.rows.num_tokens[rows]
@@ -239,7 +247,7 @@ class Scheduler:
         n, context = int(decoding.sum()), int((starts[decoding] + 1).sum())
         decode = self.cost.coefficients.seconds(StepShape(n, n, context, context))
         # The planner fills steps up to the limit, so a fit 1 % low would put most of them just over: aim under.
-        limit = AIM * self.config.itl_target_ms / 1e3 / self.cost.headroom
+        limit = AIM * target.seconds / self.cost.headroom
         return PrefillTime(self.cost.coefficients, limit, decode, n, self.config.min_prefill_chunk)
 
     # --- applying a step's results ---------------------------------------------------------------

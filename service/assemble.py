@@ -65,9 +65,14 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
 
 def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None,
                  cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> Engine:
-    return Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
-                  max_model_len=parts.max_model_len, observer=observer, step_timeout_s=config.service.step_timeout_s,
-                  cost=cost, guides=guides, health=config.service.health)
+    """The engine; the log says the ITL target its scheduler holds steps to (and where an "auto" one came
+    from: it is resolved from `cost` as calibrated, so this is the first moment it is known)."""
+    engine = Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
+                    max_model_len=parts.max_model_len, observer=observer,
+                    step_timeout_s=config.service.step_timeout_s, cost=cost, guides=guides,
+                    health=config.service.health)
+    log.info("ITL target: %s", engine.core.scheduler.itl_target.describe())
+    return engine
 
 
 def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
@@ -76,7 +81,7 @@ def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
     not a server that will not start."""
     cost = StepCostModel(parts.backend.cost_prior())
     # The simulator's guess is its own cost model already, and warm-up steps would use up its injected faults.
-    if config.scheduler.itl_target_ms <= 0 or config.backend.name == "sim":
+    if not config.scheduler.targets_itl or config.backend.name == "sim":
         return cost
     try:
         done = calibrate(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), parts.max_model_len, cost)

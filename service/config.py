@@ -33,7 +33,7 @@ from typing import Any
 
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
-from scheduler.config import SchedulerConfig
+from scheduler.config import AUTO, SchedulerConfig
 from scheduler.step_health import HealthLimits
 from service.cors import check_origins
 from telemetry import TelemetryConfig
@@ -46,7 +46,9 @@ TRACE_EXPORTERS = ("auto", "otlp-http", "otlp-grpc", "console", "none")
 # steps), `throughput` for batch jobs (the most output tokens per second under a saturating load).
 # `itl_target_ms` comes from the itl-target experiment: 50 ms keeps a chat's stream steady while prompts are
 # prefilled beside it; a batch job does not watch its streams, so prefill takes the whole budget (0, off) and
-# the CPU's largest, most efficient steps.
+# the CPU's largest, most efficient steps. Both stay numbers rather than the default "auto": auto trades the
+# stalls for TTFT and throughput as the host's speed asks (at most 10 % of the throughput), where each preset
+# has already chosen its side of that trade.
 PRESETS: Mapping[str, Mapping[str, int]] = MappingProxyType({
     "latency": MappingProxyType({"max_num_seqs": 32, "max_num_batched_tokens": 2048, "itl_target_ms": 50}),
     "throughput": MappingProxyType({"max_num_seqs": 256, "max_num_batched_tokens": 8192, "itl_target_ms": 0}),
@@ -315,8 +317,15 @@ def _setting(section: str, key: str, hint: Any, default: Any) -> Setting:
     args = typing.get_args(hint)
     optional = isinstance(hint, types.UnionType) and type(None) in args
     base = next(a for a in args if a is not type(None)) if optional else hint
-    kind = "strs" if typing.get_origin(base) is tuple else _KINDS[base]
-    return Setting(section, key, kind, optional, default)
+    return Setting(section, key, _kind(base), optional, default)
+
+
+def _kind(base: Any) -> str:
+    if typing.get_origin(base) is tuple:
+        return "strs"
+    if base == float | typing.Literal["auto"]:  # a number, or "auto": derived when the server starts
+        return "auto_float"
+    return _KINDS[base]
 
 
 def parse_text(setting: Setting, text: str, origin: str) -> Any:
@@ -335,6 +344,8 @@ def _from_text(kind: str, text: str) -> Any:
         return int(text)
     if kind == "float":
         return float(text)
+    if kind == "auto_float":
+        return AUTO if text.lower() == AUTO else float(text)
     if kind == "bool":
         if text.lower() in _TRUE | _FALSE:
             return text.lower() in _TRUE
@@ -349,13 +360,14 @@ def check_value(setting: Setting, value: Any, origin: str) -> Any:
     ok = {
         "int": isinstance(value, int) and not isinstance(value, bool),
         "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "auto_float": value == AUTO or (isinstance(value, int | float) and not isinstance(value, bool)),
         "str": isinstance(value, str),
         "bool": isinstance(value, bool),
         "strs": isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
     }[setting.kind]
     if not ok:
         raise ConfigError(f"{origin}: expected {describe(setting)}, got {value!r}")
-    if setting.kind == "float":
+    if setting.kind == "float" or (setting.kind == "auto_float" and value != AUTO):
         return float(value)
     if setting.kind == "strs":  # a list, or one string read as the same text would be in a flag
         return _from_text("strs", value) if isinstance(value, str) else tuple(value)
@@ -363,8 +375,8 @@ def check_value(setting: Setting, value: Any, origin: str) -> Any:
 
 
 def describe(setting: Setting) -> str:
-    text = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-            "strs": "a list of strings"}[setting.kind]
+    text = {"int": "an integer", "float": "a number", "auto_float": f"{AUTO} or a number", "str": "a string",
+            "bool": "true or false", "strs": "a list of strings"}[setting.kind]
     return text + (" (or none)" if setting.optional else "")
 
 

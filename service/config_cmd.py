@@ -94,7 +94,7 @@ def flag_help(setting: Setting) -> str:
 def _metavar(setting: Setting) -> str:
     choices = doc_of(setting).choices
     if not choices:
-        return setting.kind.upper().replace("STRS", "STR")
+        return {"strs": "STR", "auto_float": "auto|FLOAT"}.get(setting.kind, setting.kind.upper())
     return "{" + ",".join(choices + (("none",) if setting.optional else ())) + "}"
 
 

@@ -11,7 +11,8 @@ from service.setting_docs import doc_of
 
 HEADER = ("| setting (file) | flag | environment | values | default | what it does |\n"
           "| --- | --- | --- | --- | --- | --- |")
-_KIND_WORDS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "strs": "list of str"}
+_KIND_WORDS = {"int": "int", "float": "float", "auto_float": "auto or float", "str": "str", "bool": "bool",
+               "strs": "list of str"}
 
 
 def settings_table() -> str:

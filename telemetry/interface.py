@@ -111,6 +111,10 @@ class EngineObserver(Protocol):
         """An engine step failed (cause: one of STEP_FAILURE_CAUSES); its requests were failed."""
         ...
 
+    def itl_target(self, seconds: float) -> None:
+        """The inter-token-latency target the scheduler holds steps to (0: off), once, as the engine is built."""
+        ...
+
 
 STEP_FAILURE_CAUSES = ("backend_error", "bad_output", "output_processing", "hang", "crash")
 
@@ -135,6 +139,9 @@ class NullObserver:
         pass
 
     def step_failed(self, cause: str) -> None:
+        pass
+
+    def itl_target(self, seconds: float) -> None:
         pass
 
 

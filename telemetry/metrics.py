@@ -218,6 +218,8 @@ COUNTERS = {
 # Requests running and waiting and KV cache usage are the service's (service/metrics.py): read from the engine
 # at scrape time, they are current even between steps.
 GAUGES = {
+    "itl_target_seconds": "The inter-token-latency target the scheduler holds steps to while sequences decode "
+                          "(configured, or derived from a decode step's calibrated cost); 0: off",
     "step_cost_headroom": "The factor the scheduler divides its ITL target by: recent steps' measured / "
                           "predicted time, high quantile, at least 1",
 }

@@ -118,6 +118,10 @@ class Telemetry:
         if self._worker is not None:
             self._worker.put(self.metrics.step_failed, cause)
 
+    def itl_target(self, seconds: float) -> None:
+        # set at once, not through the worker: once per engine, and shown even with traces and the worker off
+        self.metrics.gauges["itl_target_seconds"] = seconds
+
     def _queued(self, request_id: str, now: float, prompt_tokens: int, params: Any, trace_context: Any) -> None:
         self._tracker.request_queued(request_id, now, prompt_tokens, params, as_request_context(trace_context))
 

@@ -2,13 +2,16 @@
 `--itl-target-ms`, on the NumPy backend over HTTP and on the sim backend's H100 profile.
 
     python -m bench.experiments.itl_target [--scale 1] [--rounds 2] [--skip-numpy] [--no-doc] [--no-progress]
-                                           [--numpy-targets 0,100 --http-only --out-dir DIR]  (an A/B over HTTP)
+                                           [--numpy-targets 0,auto,100 --http-only --out-dir DIR]  (an A/B over HTTP)
 
-NumPy over HTTP: one `pagedserve serve` per target (0 = off: the fixed token budget), all started first; 16 closed-loop
-clients, 256-token random prompts, 128 output tokens; the targets take turns round after round, so a host that
-speeds up or slows down moves them alike, and each point pools its rounds. NumPy engine alone: the same load
-stepped in this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps, to tell
-the scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
+A target is a number of ms (0 = off: the fixed token budget) or `auto` (the default: derived from the calibrated
+cost of a full decode step, scheduler/itl_target.py); each row says the target in force, for auto as the server's
+/metrics (`pagedserve:itl_target_seconds`) or the engine reported it. NumPy over HTTP: one `pagedserve serve` per
+target, all started first; 16 closed-loop clients, 256-token random prompts, 128 output tokens; the targets take
+turns round after round, so a host that speeds up or slows down moves them alike, and each point pools its
+rounds (the JSON keeps each round's throughput and TTFT p99 too). NumPy engine alone: the same load stepped in
+this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps, to tell the
+scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
 virtual clock (bench/closed_loop_sim.py) for a Llama-3-8B shape on the h100 profile with the throughput preset
 (max_num_seqs 256, 8192-token budget): 64 clients, 1024-token prompts, 128 output tokens; exact and
 deterministic, so one round. Writes docs/results/itl-target.{json,png} and its block of PERFORMANCE.md.
@@ -23,6 +26,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,19 +40,23 @@ from bench.experiments.common import Provenance, Setup, parser, publish, save, s
 from bench.experiments.doc import table
 from bench.experiments.server import Server
 from bench.loadgen.measure import Measurement, Options, measure
+from bench.loadgen.metrics import RequestMetrics
 from bench.loadgen.plot import pyplot
 from bench.loadgen.probes import MetricsSnapshots
 from bench.loadgen.progress import LineProgress, NoProgress
+from bench.loadgen.promtext import gauge_values
 from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
-from scheduler.config import SchedulerConfig
+from scheduler.config import AUTO, SchedulerConfig
 from service.config import PRESETS
 
 KEY = "itl-target"
 STEP_HISTOGRAM = "pagedserve:engine_step_duration_seconds"
+TARGET_GAUGE = "pagedserve:itl_target_seconds"
 COMMAND = "python -m bench.experiments.itl_target"
-NUMPY_TARGETS = (0.0, 50.0, 100.0, 200.0, 400.0)
-SIM_TARGETS = (0.0, 25.0, 50.0, 100.0, 200.0)
+TargetMs = float | Literal["auto"]  # as --itl-target-ms takes it
+NUMPY_TARGETS: tuple[TargetMs, ...] = (0.0, AUTO, 50.0, 100.0, 200.0, 400.0)
+SIM_TARGETS: tuple[TargetMs, ...] = (0.0, AUTO, 25.0, 50.0, 100.0, 200.0)
 NUMPY_WORKLOAD = RandomWorkload(Lengths(256), Lengths(128), seed=0)
 NUMPY_CLIENTS, NUMPY_REQUESTS = 16, 48
 SIM_PROFILE, SIM_MODEL = "h100", "llama-3-8b"
@@ -60,7 +68,7 @@ SIM_LOAD = Load(clients=64, prompt_len=1024, output_len=128, requests=384)
 class Row:
     """One target's figures (ms, tokens/s)."""
 
-    target_ms: float
+    target_ms: float  # the target in force (for auto: as derived at start-up)
     itl_p99: float
     tpot_p50: float
     ttft_p99: float
@@ -68,20 +76,31 @@ class Row:
     requests: int
     steps: int = 0  # engine steps the server counted over the measured requests (HTTP rows only; 0: not read)
     step_seconds: float = 0.0  # and their summed time
+    auto: bool = False  # target_ms was derived ("auto"), not given
+    # each round's output tokens/s and TTFT p99 (ms), HTTP rows only: on a shared host the spread between
+    # rounds says how far the pooled figures can be trusted
+    round_throughput: tuple[float, ...] = ()
+    round_ttft_p99: tuple[float, ...] = ()
 
     @property
     def stall_ratio(self) -> float:
         return self.itl_p99 / self.tpot_p50
 
+    @property
+    def label(self) -> str:
+        if self.auto:
+            return f"auto ({self.target_ms:.0f})"
+        return "off" if self.target_ms == 0 else f"{self.target_ms:g}"
 
-def numpy_rows(setup: Setup, rounds: int, targets: Sequence[float] = NUMPY_TARGETS) -> list[Row]:
-    samples: dict[float, list[tuple[Measurement, StepUse]]] = {t: [] for t in targets}
+
+def numpy_rows(setup: Setup, rounds: int, targets: Sequence[TargetMs] = NUMPY_TARGETS) -> list[Row]:
+    samples: dict[TargetMs, list[tuple[Measurement, StepUse]]] = {t: [] for t in targets}
     with ExitStack() as stack:
         servers = {t: stack.enter_context(Server(["--backend", "numpy", "--itl-target-ms", str(t)]))
                    for t in targets}
         for r in range(rounds):
             for target, server in servers.items():
-                print(f"round {r + 1}/{rounds}: --itl-target-ms {target:g}", file=sys.stderr, flush=True)
+                print(f"round {r + 1}/{rounds}: --itl-target-ms {target}", file=sys.stderr, flush=True)
                 samples[target].append(asyncio.run(_measure(server.url, setup, warmup=4 if r == 0 else 0)))
     return [_pooled(target, ms) for target, ms in samples.items()]
 
@@ -92,6 +111,7 @@ class StepUse:
 
     steps: int
     seconds: float
+    target_s: float  # the ITL target in force, as /metrics showed it
 
 
 async def _measure(url: str, setup: Setup, warmup: int) -> tuple[Measurement, StepUse]:
@@ -101,7 +121,8 @@ async def _measure(url: str, setup: Setup, warmup: int) -> tuple[Measurement, St
     run = await measure(Target(url), NUMPY_WORKLOAD, LoadShape(concurrency=NUMPY_CLIENTS), bounds, options,
                         probes=[snapshots])
     (count, total), (count0, total0) = _step_totals(snapshots.after), _step_totals(snapshots.before)
-    return run, StepUse(int(count - count0), total - total0)
+    target_s = gauge_values(snapshots.after).get(TARGET_GAUGE, 0.0)
+    return run, StepUse(int(count - count0), total - total0, target_s)
 
 
 def _step_totals(text: str) -> tuple[float, float]:
@@ -111,37 +132,45 @@ def _step_totals(text: str) -> tuple[float, float]:
     return found.get(STEP_HISTOGRAM + "_count", 0.0), found.get(STEP_HISTOGRAM + "_sum", 0.0)
 
 
-def _pooled(target: float, runs: Sequence[tuple[Measurement, StepUse]]) -> Row:
+def _pooled(target: TargetMs, runs: Sequence[tuple[Measurement, StepUse]]) -> Row:
     """Percentiles over every round's requests; throughput from the rounds' tokens over their time."""
     measurements = [m for m, _ in runs]
     ok = [m for run in measurements for m in run.requests]
     itl = [gap for m in ok for gap in m.itls]
     tokens = sum(run.summary.output_tokens for run in measurements)
     seconds = sum(run.summary.duration_s for run in measurements)
-    return Row(target, 1e3 * float(np.percentile(itl, 99)),
+    return Row(1e3 * runs[0][1].target_s, 1e3 * float(np.percentile(itl, 99)),
                1e3 * float(np.percentile([m.tpot for m in ok if m.tpot is not None], 50)),
-               1e3 * float(np.percentile([m.ttft for m in ok if m.ttft is not None], 99)), tokens / seconds, len(ok),
-               sum(u.steps for _, u in runs), sum(u.seconds for _, u in runs))
+               1e3 * _ttft_p99(ok), tokens / seconds, len(ok), sum(u.steps for _, u in runs),
+               sum(u.seconds for _, u in runs), target == AUTO,
+               tuple(m.summary.output_tokens / m.summary.duration_s for m in measurements),
+               tuple(1e3 * _ttft_p99(m.requests) for m in measurements))
+
+
+def _ttft_p99(requests: Sequence[RequestMetrics]) -> float:
+    return float(np.percentile([r.ttft for r in requests if r.ttft is not None], 99))
 
 
 def engine_rows(setup: Setup, rounds: int) -> list[Row]:
     """The NumPy backend without a server: targets take turns, each round a fresh backend and cache."""
     _, files = open_model(None)
     load = Load(ENGINE_LOAD.clients, ENGINE_LOAD.prompt_len, ENGINE_LOAD.output_len, setup.count(ENGINE_LOAD.requests))
-    results: dict[float, list[SimResult]] = {t: [] for t in NUMPY_TARGETS}
+    results: dict[TargetMs, list[SimResult]] = {t: [] for t in NUMPY_TARGETS}
     for r in range(rounds):
         for target in NUMPY_TARGETS:
-            print(f"engine round {r + 1}/{rounds}: --itl-target-ms {target:g}", file=sys.stderr, flush=True)
+            print(f"engine round {r + 1}/{rounds}: --itl-target-ms {target}", file=sys.stderr, flush=True)
             backend = create_backend(BackendConfig(name="numpy"), files)
             results[target].append(run_engine(backend, files, SchedulerConfig(itl_target_ms=target), load))
     return [_engine_row(target, runs) for target, runs in results.items()]
 
 
-def _engine_row(target: float, runs: Sequence[SimResult]) -> Row:
+def _engine_row(target: TargetMs, runs: Sequence[SimResult]) -> Row:
     pooled = {name: np.concatenate([getattr(r, name) for r in runs]) for name in ("itl", "tpot", "ttft")}
     tokens, seconds = sum(r.output_tokens for r in runs), sum(r.duration for r in runs)
-    return Row(target, 1e3 * float(np.percentile(pooled["itl"], 99)), 1e3 * float(np.percentile(pooled["tpot"], 50)),
-               1e3 * float(np.percentile(pooled["ttft"], 99)), tokens / seconds, sum(len(r.ttft) for r in runs))
+    in_force = float(np.mean([r.itl_target_s for r in runs]))  # each round's own engine, calibrated afresh
+    return Row(1e3 * in_force, 1e3 * float(np.percentile(pooled["itl"], 99)),
+               1e3 * float(np.percentile(pooled["tpot"], 50)), 1e3 * float(np.percentile(pooled["ttft"], 99)),
+               tokens / seconds, sum(len(r.ttft) for r in runs), auto=target == AUTO)
 
 
 def sim_rows(setup: Setup) -> list[Row]:
@@ -156,8 +185,9 @@ def sim_rows(setup: Setup) -> list[Row]:
     return rows
 
 
-def _sim_row(target: float, r: SimResult, requests: int) -> Row:
-    return Row(target, 1e3 * r.p("itl", 99), 1e3 * r.p("tpot", 50), 1e3 * r.p("ttft", 99), r.throughput, requests)
+def _sim_row(target: TargetMs, r: SimResult, requests: int) -> Row:
+    return Row(1e3 * r.itl_target_s, 1e3 * r.p("itl", 99), 1e3 * r.p("tpot", 50), 1e3 * r.p("ttft", 99),
+               r.throughput, requests, auto=target == AUTO)
 
 
 def plot(parts: dict[str, list[Row]], path: Path) -> None:
@@ -167,7 +197,7 @@ def plot(parts: dict[str, list[Row]], path: Path) -> None:
         for ax, x, label in ((left, "ttft_p99", "p99 TTFT (ms)"), (right, "throughput", "output tokens/s")):
             ax.plot([getattr(r, x) for r in rows], [r.itl_p99 for r in rows], marker="o", linestyle="none")
             for r in rows:
-                ax.annotate("off" if r.target_ms == 0 else f"{r.target_ms:g} ms", (getattr(r, x), r.itl_p99),
+                ax.annotate(r.label + ("" if r.label == "off" else " ms"), (getattr(r, x), r.itl_p99),
                             fontsize=8, xytext=(4, 4), textcoords="offset points")
             ax.set_xlabel(label)
             ax.set_ylabel("p99 ITL (ms)")
@@ -184,7 +214,7 @@ def report(parts: dict[str, list[Row]], info: dict[str, object]) -> str:
               f"{Provenance.line(info)} Plot: `docs/results/{KEY}.png`."]
     for name, rows in parts.items():
         base, show_steps = rows[0], all(r.steps for r in rows)
-        body = [[("off" if r.target_ms == 0 else f"{r.target_ms:g}"), f"{r.itl_p99:.1f}", f"{r.tpot_p50:.1f}",
+        body = [[r.label, f"{r.itl_p99:.1f}", f"{r.tpot_p50:.1f}",
                  f"{r.stall_ratio:.2f}", f"{r.ttft_p99:.0f}", f"{r.ttft_p99 / base.ttft_p99:.2f}",
                  f"{r.throughput:.1f}", f"{r.throughput / base.throughput:.2f}", str(r.requests)]
                 + ([str(r.steps), f"{r.step_seconds:.1f}"] if show_steps else []) for r in rows]
@@ -195,12 +225,16 @@ def report(parts: dict[str, list[Row]], info: dict[str, object]) -> str:
     return "\n\n".join(blocks)
 
 
+def _targets(text: str) -> list[TargetMs]:
+    return [AUTO if t.strip() == AUTO else float(t) for t in text.split(",")]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2, help="NumPy rounds (default 2)")
     p.add_argument("--skip-numpy", action="store_true", help="only the sim part")
-    p.add_argument("--numpy-targets", type=lambda v: [float(t) for t in v.split(",")], default=list(NUMPY_TARGETS),
-                   help="the targets swept over HTTP, comma-separated (default 0,50,100,200,400)")
+    p.add_argument("--numpy-targets", type=_targets, default=list(NUMPY_TARGETS),
+                   help="the targets swept over HTTP, comma-separated ms or auto (default 0,auto,50,100,200,400)")
     p.add_argument("--http-only", action="store_true", help="only the NumPy part over HTTP (an A/B of targets)")
     args = p.parse_args(argv)
     setup = setup_of(args)
