@@ -21,9 +21,9 @@ from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuInfo
 from backends.numpy_backend.native.weights import STORED_TYPES
-from bench.backend_step import BATCHES, BLOCK, CONTEXT, AttentionTimer, cpu_model, decode_step
+from bench.backend_step import BATCHES, BLOCK, CONTEXT, MODES, AttentionTimer, cpu_model, decode_step
 
-MODES = {"float32": ("float32", "exact"), "gguf": ("gguf", "exact"), "gguf-fast": ("gguf", "fast")}
+TIER_MODES = ("float32", "gguf", "gguf-fast")  # bench.backend_step's modes over a float32 KV cache
 
 
 def step_cpu_ms(backend: NumpyBackend, batch: int, steps: int, timer: AttentionTimer) -> float:
@@ -40,8 +40,9 @@ def step_cpu_ms(backend: NumpyBackend, batch: int, steps: int, timer: AttentionT
 
 def tier_rows(models: dict[str, LoadedModel], tier: str, batches: list[int], steps: int) -> dict[str, list[float]]:
     timer, rows = AttentionTimer(), {}
-    for mode, (weights, precision) in MODES.items():
-        backend = NumpyBackend(models[weights], "native", precision, "float32", tier)
+    for mode in TIER_MODES:
+        weights, precision, kv_dtype = MODES[mode]
+        backend = NumpyBackend(models[weights], "native", precision, kv_dtype, tier)
         backend.init_cache(max(batches) * (CONTEXT // BLOCK + 1), BLOCK)
         rows[mode] = [step_cpu_ms(backend, batch, steps, timer) for batch in batches]
     return rows
