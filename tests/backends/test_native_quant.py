@@ -23,6 +23,7 @@ from tests.backends.tiers import WIDE_SUMS
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0)
 FLOATS = (Q.F16, Q.BF16)
+QBLOCK = 32  # weights per block of the quantized types
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,29 @@ def test_every_16_bit_pattern_converts_exactly(matmul: NativeMatmul, qtype: Q) -
     finite = bits[np.isfinite(values)]
     data = finite[: len(finite) // 64 * 64].view(np.uint8).reshape(-1, 128)  # rows of 64 values
     w = QuantMatrix(qtype, (len(data), 64), np.ascontiguousarray(data))
+    np.testing.assert_array_equal(matmul.dense(w), w.dequantize())
+
+
+def every_half_scale(qtype: Q, seed: int = 0) -> QuantMatrix:
+    """One block per row, its d every finite float16 (subnormals and both zeros among them), its m (Q4_1) and q
+    random: rows of 32 weights."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    scales = bits[np.isfinite(bits.view(np.float16))]
+    rng = np.random.default_rng(seed)
+    tail = {Q.Q4_0: 16, Q.Q4_1: 18, Q.Q8_0: 32}[qtype]  # bytes after d: (m and) the weights
+    data = np.concatenate([scales.view(np.uint8).reshape(-1, 2),
+                           rng.integers(0, 256, (len(scales), tail), dtype=np.uint8)], axis=1)
+    if qtype == Q.Q4_1:  # m: a finite float16 too
+        data[:, 2:4] = rng.choice(scales, len(scales)).view(np.uint8).reshape(-1, 2)
+    return QuantMatrix(qtype, (len(scales), QBLOCK), np.ascontiguousarray(data))
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_every_half_scale_dequantizes_as_gguf(matmul: NativeMatmul, qtype: Q) -> None:
+    """d * q + m (or d * (q - 8), d * q) computed as one FMA on some tiers: the same value as gguf's two
+    roundings only because d * q is exact in float32 (a float16 d has 11 significant bits, q at most 8), which
+    this checks for every d the format can hold."""
+    w = every_half_scale(qtype)
     np.testing.assert_array_equal(matmul.dense(w), w.dequantize())
 
 
