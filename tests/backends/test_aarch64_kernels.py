@@ -1,10 +1,10 @@
 """The C kernels built for AArch64, both of its tiers (generic: -march=armv8-a, NEON through the kernels' plain
 paths; neon: armv8.2-a with the dot product extension and float16), run under qemu-user (aarch64/cross.py)
 against the x86 kernel tests' cases, NumPy references and bounds: the projections on every weight type, exact and
-fast, the dequantization, decode and prefill-chunk attention over float32 and float16 caches, and half.h's
-conversions. Each family of cases runs in one start of the emulator.
+fast, the dequantization (with every float16 scale of each quantized type), decode and prefill-chunk attention
+over float32 and float16 caches, and half.h's conversions. Each family of cases runs in one start of the emulator.
 
-The emulator does about 10^8 multiply-adds a second, so the projections' two large shapes run up to 5 rows of x
+The emulator does about 10^8 multiply-adds a second, so the projections' large shapes run up to 5 rows of x
 (tiles of 1-2 rows, a register block and a partial one), the small ones up to 64 as on x86 (every path: several
 register blocks, tail rows); each case's inputs and reference are built once for both tiers (functools.cache).
 Where the host runs the avx2 tier, the AArch64 builds' projections are also compared with it, bit for bit: the
@@ -26,6 +26,7 @@ from backends.model.quant import Matrix, QuantMatrix
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.native.cpu_tiers import X86, CpuTier, find
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul, q8_reference
+from backends.numpy_backend.native.weights import EXACT_ONLY
 from tests.backends import test_native_fast as fast_cases
 from tests.backends import test_native_quant as quant_cases
 from tests.backends.aarch64 import cross
@@ -39,7 +40,7 @@ TIERS = tuple(ARM_TIERS)  # generic, neon
 Key = tuple[object, ...]
 Calls = dict[Key, Call]
 ALL_TYPES = (*quant_cases.QUANTIZED, *quant_cases.FLOATS)
-LARGE = ((576, 960), (1536, 577))  # (inner, outputs) of the x86 tests' shapes that run up to 5 rows here
+LARGE = ((576, 960), (768, 960), (1536, 577))  # (inner, outputs) of the x86 tests' shapes run up to 5 rows here
 SMALL_STEP_ROWS = (1, 2, 3)  # fewer than fast_matmul.h's FAST_MIN_ROWS: q8_dots.h's steps
 
 
@@ -150,7 +151,7 @@ def test_float32_rows_are_independent(float32_runs: Calls, tier: str, inner: int
 
 # --- weights as stored (test_native_quant) ------------------------------------------------------------------------
 
-STORED_CASES = [(qtype, inner, outputs, rows) for qtype in ALL_TYPES for inner, outputs in quant_cases.SHAPES
+STORED_CASES = [(qtype, inner, outputs, rows) for qtype in ALL_TYPES for inner, outputs in quant_cases.shapes_for(qtype)
                 for rows in rows_for(inner, outputs, [1, 2, 3, 5, 17, MAX_ROWS])]
 PAST_BLOCKS = [(qtype, inner, rows) for qtype in quant_cases.FLOATS for inner in (8, 40, 72, 584) for rows in (1, 2, 4)]
 
@@ -160,6 +161,20 @@ def stored_weights(qtype: Q, outputs: int, inner: int, seed: int) -> tuple[Quant
     """test_native_quant's matrix, and gguf's float32 values of it."""
     w = quant_cases.stored(qtype, outputs, inner, seed=seed)
     return w, w.dequantize()
+
+
+def wide(qtype: Q) -> int:
+    """576, or whole super-blocks (768) for the K-quants: test_native_quant's width for the dequantization."""
+    return quant_cases.width(qtype, 576)
+
+
+def narrow(qtype: Q) -> int:
+    return quant_cases.width(qtype, 64)
+
+
+@cache
+def every_half_scale(qtype: Q) -> QuantMatrix:
+    return quant_cases.every_half_scale(qtype)
 
 
 @cache
@@ -192,13 +207,15 @@ def stored_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
                 yield (tier, "stored", qtype, inner, rows), batch.matmul(build, x, w)
                 yield (tier, "copy", qtype, inner, rows), batch.matmul(build, x, dense)
             for qtype in ALL_TYPES:
-                yield (tier, "dequantize", qtype), batch.dequantize(build, stored_weights(qtype, 77, 576, 0)[0])
-                w, x = stored_weights(qtype, 577, 64, 0)[0], quant_cases.activations(11, 64)
+                yield (tier, "dequantize", qtype), batch.dequantize(build, stored_weights(qtype, 77, wide(qtype), 0)[0])
+                w, x = stored_weights(qtype, 577, narrow(qtype), 0)[0], quant_cases.activations(11, narrow(qtype))
                 for rows in range(1, 12):
                     yield (tier, "batch", qtype, rows), batch.matmul(build, x[:rows], w)
                     yield (tier, "alone", qtype, rows), batch.matmul(build, x[rows - 1 : rows], w)
             for qtype in quant_cases.FLOATS:
                 yield (tier, "every value", qtype), batch.dequantize(build, every_16_bit_value(qtype))
+            for qtype in quant_cases.QUANTIZED:
+                yield (tier, "every scale", qtype), batch.dequantize(build, every_half_scale(qtype))
 
     return batches(make)
 
@@ -230,7 +247,16 @@ def test_float16_types_past_whole_blocks(stored_runs: Calls, tier: str, qtype: Q
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_dequantize_matches_gguf(stored_runs: Calls, tier: str, qtype: Q) -> None:
-    np.testing.assert_array_equal(stored_runs[tier, "dequantize", qtype].result(), stored_weights(qtype, 77, 576, 0)[1])
+    np.testing.assert_array_equal(stored_runs[tier, "dequantize", qtype].result(),
+                                  stored_weights(qtype, 77, wide(qtype), 0)[1])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("qtype", quant_cases.QUANTIZED, ids=lambda t: t.name)
+def test_every_half_scale_dequantizes_as_gguf(stored_runs: Calls, tier: str, qtype: Q) -> None:
+    """test_native_quant's: every finite float16 d (and m, dmin), gguf's values bit for bit."""
+    np.testing.assert_array_equal(stored_runs[tier, "every scale", qtype].result(),
+                                  every_half_scale(qtype).dequantize())
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -262,7 +288,16 @@ def small_step_case(qtype: Q, inner: int, outputs: int, rows: int) -> tuple[np.n
 SMALL_CASES = [(qtype, inner, outputs, rows) for qtype, inner, outputs in fast_cases.SMALL_SHAPES
                for rows in SMALL_STEP_ROWS]
 # small steps on the types q8_dots.h does not take, and steps of 4 rows and more (no AMX tiles on AArch64)
-EXACT_IN_FAST = [*product((Q.Q8_0, Q.F16, Q.BF16), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16)]
+EXACT_IN_FAST = [*product((Q.Q8_0, Q.F16, Q.BF16, *sorted(EXACT_ONLY)), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16),
+                 (Q.Q4_K, 16)]
+
+
+@cache
+def exact_in_fast_case(qtype: Q, rows: int) -> tuple[QuantMatrix, np.ndarray]:
+    """test_native_fast's weights (test_native_quant's for the types gguf cannot quantize) and x."""
+    inner = wide(qtype)
+    w = quant_cases.stored(qtype, 77, inner) if qtype in EXACT_ONLY else fast_cases.stored(qtype, 77, inner)
+    return w, fast_cases.activations(rows, inner)
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +316,7 @@ def fast_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
             for i in range(3):
                 yield (tier, "alone", i), batch.matmul(build, x[i : i + 1], w, fast=True)
             for (qtype, rows), fast in product(EXACT_IN_FAST, (True, False)):
-                w, x = fast_cases.stored(qtype, 77, 576), fast_cases.activations(rows, 576)
+                w, x = exact_in_fast_case(qtype, rows)
                 yield (tier, "other", qtype, rows, fast), batch.matmul(build, x, w, fast=fast)
 
     return batches(make)
@@ -338,8 +373,8 @@ CROSS_TYPES = (Q.F32, *ALL_TYPES)
 @cache
 def cross_case(qtype: Q, rows: int) -> tuple[np.ndarray, Matrix]:
     """test_native_quant's Haswell comparison's weights (float32: the Q8_0 matrix's values)."""
-    w = quant_cases.stored(Q.Q8_0 if qtype == Q.F32 else qtype, 29, 576, seed=int(qtype))
-    return quant_cases.activations(rows, 576), w.dequantize() if qtype == Q.F32 else w
+    w = quant_cases.stored(Q.Q8_0 if qtype == Q.F32 else qtype, 29, wide(qtype), seed=int(qtype))
+    return quant_cases.activations(rows, wide(qtype)), w.dequantize() if qtype == Q.F32 else w
 
 
 @cache

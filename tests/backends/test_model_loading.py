@@ -112,7 +112,7 @@ def test_the_default_model_kept_as_stored_makes_no_float32_copy() -> None:
     assert all(a.ndim == 1 for a in float_arrays)  # the norms only
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1])
 def test_stored_matrices_are_the_files_bytes(tmp_path: Path, qtype: Q) -> None:
     path = write_tiny_llama(tmp_path / "tiny.gguf", weight_type=qtype)
     weights, raw = load_model(path, stored=STORED_TYPES).weights, read_gguf(path)
@@ -123,18 +123,18 @@ def test_stored_matrices_are_the_files_bytes(tmp_path: Path, qtype: Q) -> None:
 
 
 def test_a_type_without_a_kernel_is_dequantized_and_named(tmp_path: Path) -> None:
-    types = {"blk.0.ffn_down.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q4_0}
+    types = {"blk.0.ffn_down.weight": Q.MXFP4, "blk.1.attn_v.weight": Q.Q4_0}  # MXFP4: no kernel reads it
     weights = load_model(write_tiny_llama(tmp_path / "tiny.gguf", types=types), stored=STORED_TYPES).weights
     assert isinstance(weights.layers[0].w_down, np.ndarray) and isinstance(weights.layers[1].wqkv, np.ndarray)
     assert isinstance(weights.layers[1].w_down, QuantMatrix)
-    assert weights.dequantized == ("blk.0.ffn_down.weight (Q5_0)", "blk.1.attn_qkv (mixed Q8_0/Q8_0/Q4_0)")
+    assert weights.dequantized == ("blk.0.ffn_down.weight (MXFP4)", "blk.1.attn_qkv (mixed Q8_0/Q8_0/Q4_0)")
 
 
 def test_the_backend_says_once_which_matrices_are_float32_copies(tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    types = {f"blk.{i}.ffn_down.weight": Q.Q5_0 for i in range(2)}
+    types = {f"blk.{i}.ffn_down.weight": Q.MXFP4 for i in range(2)}
     model = load_model(write_tiny_llama(tmp_path / "tiny.gguf", types=types), stored=STORED_TYPES)
     with caplog.at_level(logging.WARNING):
         NumpyBackend(model, "numpy")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "2 weight matrices are float32 copies" in warnings[0] and "2 x Q5_0" in warnings[0]
+    assert len(warnings) == 1 and "2 weight matrices are float32 copies" in warnings[0] and "2 x MXFP4" in warnings[0]

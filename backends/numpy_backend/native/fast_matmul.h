@@ -8,8 +8,8 @@
  * dequantization once per weight, as the exact kernels' strips do, and little more.
  *
  * Steps of more rows where the CPU has no AMX or the kernel does not let the process use it (Linux
- * arch_prctl), small steps on other weight types, and every small step without AVX2 (or, on AArch64, the dot
- * product extension) run the exact kernels
+ * arch_prctl), small steps on other weight types, every step on Q5_0, Q5_1 and the K-quants (quant_k.h), and
+ * every small step without AVX2 (or, on AArch64, the dot product extension) run the exact kernels
  * (quant_matmul.h): converting the weights to bfloat16 costs a step of one to three rows more than the tiles
  * save. So in this precision a row's result can depend on the size of its batch. The reference of the tiles is
  * the float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark
@@ -270,7 +270,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     }
 #endif
 #if FAST_AMX
-    if (f->tiles) {
+    if (f->tiles && !eight_lanes_only(w->type)) { /* quant_k.h's types: exact (x_as_read needs no x_lanes) */
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles
          * would hold stale values (multiplied by zeros, but a stale NaN times zero is NaN) */
         const int64_t kp = (k + FAST_K - 1) / FAST_K * FAST_K;

@@ -17,7 +17,7 @@ from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
-from backends.numpy_backend.native.weights import c_weights, readable
+from backends.numpy_backend.native.weights import EXACT_ONLY, c_weights, readable
 
 Projection = Callable[[np.ndarray, Matrix], np.ndarray]  # (x, w) -> x @ w.T
 
@@ -33,7 +33,8 @@ class NativeMatmul:
     kernel reads w as it is (weights.readable); NumPy (BLAS) otherwise, on w dequantized by `dense` when it is
     stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; on every tier but
-    generic, steps of 1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h)."""
+    generic, steps of 1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h). Weights of the EXACT_ONLY types
+    (Q5_0, Q5_1, the K-quants) are exact in either precision."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
                  library_path: Path | None = None, tier: CpuTier | None = None) -> None:
@@ -59,7 +60,8 @@ class NativeMatmul:
         self.threaded = bool(library.built_with_openmp())  # False: built without OpenMP, one thread
 
     def project(self, x: np.ndarray, w: Matrix) -> np.ndarray:
-        if not self._fits(x, w, self.fast and self.fast_uses_tiles):
+        tiles = self.fast and self.fast_uses_tiles and not (isinstance(w, QuantMatrix) and w.qtype in EXACT_ONLY)
+        if not self._fits(x, w, tiles):
             return x @ self.dense(w).T
         rows, inner = x.shape
         out = np.empty((rows, w.shape[0]), np.float32)
@@ -76,7 +78,9 @@ class NativeMatmul:
         tier = self.tier.name
         tiles = "bfloat16 products on AMX tiles" if self.fast_uses_tiles else f"exact (no AMX tiles on {tier})"
         small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
-        return f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}"
+        exact = ", ".join(sorted(t.name for t in EXACT_ONLY))
+        return (f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}; "
+                f"{exact} weights: exact")
 
     def dense(self, w: Matrix) -> np.ndarray:
         """w as float32: itself, or dequantized by the kernels' threads when the C kernel reads its type."""

@@ -1,11 +1,11 @@
 /* Weight matrices as a GGUF file stores them, read by the projections without a float32 copy.
  *
- * A matrix is rows of bytes: blocks of 32 weights (Q4_0, Q4_1, Q8_0) or plain 16-bit floats (F16, BF16), or
- * float32. Each value is dequantized in registers exactly as the `gguf` package's NumPy code computes it
- * (d * q, then + m, each rounded to float32; d * q is exact for these types, so one FMA gives the same value),
- * so the projections of quant_matmul.h give the same floats from the stored matrix as matmul.h gives from its
- * float32 copy. The reference is gguf's
- * `quants.dequantize` (tests/backends/test_native_quant.py).
+ * A matrix is rows of bytes: blocks of 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1), super-blocks of 256 (Q4_K,
+ * Q5_K, Q6_K: quant_k.h, read 32 weights at a time), plain 16-bit floats (F16, BF16), or float32. Each value is
+ * dequantized in registers exactly as the `gguf` package's NumPy code computes it (here d * q, then + m, each
+ * rounded to float32; d * q is exact for these types, so one FMA gives the same value; quant_k.h's types
+ * likewise), so the projections of quant_matmul.h give the same floats from the stored matrix as matmul.h gives
+ * from its float32 copy. The reference is gguf's `quants.dequantize` (tests/backends/test_native_quant.py).
  */
 #ifndef PAGEDSERVE_QUANT_H
 #define PAGEDSERVE_QUANT_H
@@ -17,7 +17,10 @@
 #include "simd.h"
 
 /* ggml's type ids, as the file stores them */
-enum { WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q8_0 = 8, WEIGHTS_BF16 = 30 };
+enum {
+    WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q5_0 = 6, WEIGHTS_Q5_1 = 7,
+    WEIGHTS_Q8_0 = 8, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30
+};
 #define QBLOCK 32 /* weights per block of the quantized types */
 
 typedef struct {
@@ -217,6 +220,8 @@ static inline __attribute__((always_inline)) void deq_q8_0(const uint8_t *row, i
 #endif
 }
 
+#include "quant_k.h" /* Q5_0, Q5_1 and the K-quants: after deq16, which its tiers without AVX2 use */
+
 /* 8 bfloat16 values from p (exact conversions). */
 static inline vec8 deq8_bf16(const uint8_t *p) {
     const u32x8 bits = __builtin_convertvector(*(const u16x8 *)p, u32x8) << 16;
@@ -240,6 +245,11 @@ static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, 
     case WEIGHTS_Q4_0: deq_q4(row, b, 0, out); break;
     case WEIGHTS_Q4_1: deq_q4(row, b, 1, out); break;
     case WEIGHTS_Q8_0: deq_q8_0(row, b, out); break;
+    case WEIGHTS_Q5_0: deq_q5(row, b, 0, out); break;
+    case WEIGHTS_Q5_1: deq_q5(row, b, 1, out); break;
+    case WEIGHTS_Q4_K: deq_q4_k(row, b, out); break;
+    case WEIGHTS_Q5_K: deq_q5_k(row, b, out); break;
+    case WEIGHTS_Q6_K: deq_q6_k(row, b, out); break;
     default:
         for (int u = 0; u < 4; u++) out[u] = deq8_float(row, type, 4 * b + u);
     }
@@ -257,8 +267,8 @@ static inline pair8 deq_pair_float(const uint8_t *row, int32_t type, int64_t c) 
     return load_pair(row + c * 32);
 }
 
-/* deq_block as NEON pairs, for the NEON loops of quant_matmul.h: the same values (deq_q4's and deq_q8_0's
- * arithmetic, by deq16_pairs). */
+/* deq_block as NEON pairs, for the NEON loops of quant_matmul.h: the same values (deq_q4's, deq_q8_0's and
+ * quant_k.h's arithmetic, by deq16_pairs). */
 static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t *row, int32_t type, int64_t b,
                                                                   pair8 out[4]) {
     if (type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1) {
@@ -273,6 +283,11 @@ static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t 
         const float d = half_to_float(load_u16(block));
         deq16_pairs(vld1q_u8(block + 2), d, 0.0f, DEQ_SIGNED, out);
         deq16_pairs(vld1q_u8(block + 18), d, 0.0f, DEQ_SIGNED, out + 2);
+    } else if (eight_lanes_only(type)) {
+        const QBlock k = qblock_of(row, type, b);
+        const int kind = qblock_kind(type);
+        deq16_pairs((uint8x16_t)k.q[0], k.d[0], k.m[0], kind, out);
+        deq16_pairs((uint8x16_t)k.q[1], k.d[1], k.m[1], kind, out + 2);
     } else {
         for (int u = 0; u < 4; u++) out[u] = deq_pair_float(row, type, 4 * b + u);
     }
@@ -280,10 +295,11 @@ static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t 
 #endif
 
 static inline int is_quantized(int32_t type) {
-    return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q8_0;
+    return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q8_0 || eight_lanes_only(type);
 }
 
-/* A row of k values as float32 into out: k % 32 == 0 for the quantized types, k % 8 == 0 for the others. `type`
+/* A row of k values as float32 into out: k % 32 == 0 for the quantized types (% 256 for the K-quants), k % 8 == 0
+ * for the others. `type`
  * is a constant where this is inlined (DISPATCH_TYPE), so deq_block's switch is resolved at compile time. */
 static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t *row, int64_t k, float *out,
                                                                    const int32_t type) {
@@ -313,6 +329,11 @@ static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t
     case WEIGHTS_Q4_0: CALL(WEIGHTS_Q4_0); break;                                                                   \
     case WEIGHTS_Q4_1: CALL(WEIGHTS_Q4_1); break;                                                                   \
     case WEIGHTS_Q8_0: CALL(WEIGHTS_Q8_0); break;                                                                   \
+    case WEIGHTS_Q5_0: CALL(WEIGHTS_Q5_0); break;                                                                   \
+    case WEIGHTS_Q5_1: CALL(WEIGHTS_Q5_1); break;                                                                   \
+    case WEIGHTS_Q4_K: CALL(WEIGHTS_Q4_K); break;                                                                   \
+    case WEIGHTS_Q5_K: CALL(WEIGHTS_Q5_K); break;                                                                   \
+    case WEIGHTS_Q6_K: CALL(WEIGHTS_Q6_K); break;                                                                   \
     case WEIGHTS_F16: CALL(WEIGHTS_F16); break;                                                                     \
     case WEIGHTS_BF16: CALL(WEIGHTS_BF16); break;                                                                   \
     default: CALL(WEIGHTS_F32); break;                                                                              \
@@ -324,10 +345,11 @@ static inline void dequantize_row(const uint8_t *row, int32_t type, int64_t k, f
 #undef DEQUANTIZE_ROW
 }
 
-/* 1 when the kernels read this type with rows of k values: whole blocks, whole vectors of 8. */
+/* 1 when the kernels read this type with rows of k values: whole blocks (super-blocks), whole vectors of 8. */
 static inline int weights_supported(int32_t type, int64_t k) {
     switch (type) {
-    case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: return k % QBLOCK == 0;
+    case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: case WEIGHTS_Q5_0: case WEIGHTS_Q5_1: return k % QBLOCK == 0;
+    case WEIGHTS_Q4_K: case WEIGHTS_Q5_K: case WEIGHTS_Q6_K: return k % QK_K == 0;
     case WEIGHTS_F32: case WEIGHTS_F16: case WEIGHTS_BF16: return k % LANES == 0;
     default: return 0;
     }

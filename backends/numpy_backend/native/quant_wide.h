@@ -6,7 +6,8 @@
  * from the float32 copy's), by float32 rounding. The order is the same for every path and batch size: each
  * row's dot product accumulates 16 lanes over x in order, folds the upper 8 lanes onto the lower (lane i +
  * lane i + 8) and sums those in hsum_pairs' order, so a row's result still does not depend on its batch.
- * Used for the quantized types, and float16 / bfloat16 whose rows are whole vectors of 16 (quant_wide_for).
+ * Used for Q4_0, Q4_1, Q8_0, and float16 / bfloat16 whose rows are whole vectors of 16 (quant_wide_for); never for
+ * quant_k.h's types, which every tier sums in 8 lanes (the path this file's tiers share with the avx2 tier).
  */
 #ifndef PAGEDSERVE_QUANT_WIDE_H
 #define PAGEDSERVE_QUANT_WIDE_H
@@ -31,7 +32,9 @@ static inline Ahead next_tile_ahead(const Weights *w, int64_t n, int64_t t, int6
 #define QUANT_WIDE 1
 #include <immintrin.h>
 
-static inline int quant_wide_for(int32_t type, int64_t k) { return type != WEIGHTS_F32 && k % 16 == 0; }
+static inline int quant_wide_for(int32_t type, int64_t k) {
+    return type != WEIGHTS_F32 && !eight_lanes_only(type) && k % 16 == 0;
+}
 
 /* 8 lanes from 16: lane i + lane i + 8 (the fold every path applies before hsum_pairs' order). */
 static inline vec8 fold16(__m512 v) {
@@ -60,7 +63,8 @@ static inline __m512 deq16_float(const uint8_t *row, int32_t type, int64_t c) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 
-/* Block b (32 weights) as two vectors; `type` a constant where inlined. Q4: the 16-value table of deq_q4. */
+/* Block b (32 weights) as two vectors; `type` a constant where inlined. Q4: the 16-value table of deq_q4.
+ * quant_k.h's types (which no 16-lane path reads: DISPATCH_TYPE only instantiates them) by deq_block. */
 static inline __attribute__((always_inline)) void deq_block16(const uint8_t *row, int32_t type, int64_t b,
                                                              __m512 out[2]) {
     if (type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1) {
@@ -84,6 +88,11 @@ static inline __attribute__((always_inline)) void deq_block16(const uint8_t *row
         const __m512 d = _mm512_set1_ps(half_to_float(load_u16(block)));
         out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2)))), d);
         out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18)))), d);
+    } else if (eight_lanes_only(type)) {
+        vec8 v[4];
+        deq_block(row, type, b, v);
+        for (int h = 0; h < 2; h++)
+            out[h] = _mm512_insertf32x8(_mm512_castps256_ps512((__m256)v[2 * h]), (__m256)v[2 * h + 1], 1);
     } else {
         out[0] = deq16_float(row, type, 2 * b), out[1] = deq16_float(row, type, 2 * b + 1);
     }

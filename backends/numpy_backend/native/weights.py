@@ -11,10 +11,16 @@ from gguf import GGMLQuantizationType
 from backends.model.quant import Matrix, QuantMatrix
 from backends.numpy_backend.native.arrays import is_c_array
 
-# What the kernels read as stored (quant.h): the types kept as stored when the backend loads with gguf weights.
-STORED_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0,
-                          GGMLQuantizationType.F16, GGMLQuantizationType.BF16})
-QBLOCK, LANES = 32, 8  # quant.h: weights per block of the quantized types; floats per vector
+Q = GGMLQuantizationType
+# What the kernels read as stored (quant.h, quant_k.h): the types kept as stored when the backend loads with gguf
+# weights.
+STORED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16})
+# Read by the 8-lane kernels alone, on every tier: exact in the fast precision too (quant_k.h)
+EXACT_ONLY = frozenset({Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+QBLOCK, QK_K, LANES = 32, 256, 8  # quant.h: weights per block, per K-quant super-block; floats per vector
+# quant.h's weights_supported: a row's length is a multiple of this
+ROW_MULTIPLE = {Q.Q4_0: QBLOCK, Q.Q4_1: QBLOCK, Q.Q8_0: QBLOCK, Q.Q5_0: QBLOCK, Q.Q5_1: QBLOCK, Q.Q4_K: QK_K,
+                Q.Q5_K: QK_K, Q.Q6_K: QK_K, Q.F16: LANES, Q.BF16: LANES}
 
 
 class CWeights(ctypes.Structure):
@@ -24,10 +30,7 @@ class CWeights(ctypes.Structure):
 def readable(matrix: Matrix) -> bool:
     """Whether the kernels read `matrix` as it is (quant.h's weights_supported, and a usable float32 array)."""
     if isinstance(matrix, QuantMatrix):
-        cols = matrix.shape[1]
-        quantized = matrix.qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
-                                     GGMLQuantizationType.Q8_0)
-        return matrix.qtype in STORED_TYPES and cols % (QBLOCK if quantized else LANES) == 0
+        return matrix.qtype in STORED_TYPES and matrix.shape[1] % ROW_MULTIPLE[matrix.qtype] == 0
     return matrix.ndim == 2 and matrix.shape[1] % LANES == 0 and is_c_array(matrix, np.float32)
 
 
@@ -35,4 +38,4 @@ def c_weights(matrix: Matrix) -> CWeights:
     """The descriptor of a readable matrix; the caller keeps `matrix` alive while C uses it."""
     if isinstance(matrix, QuantMatrix):
         return CWeights(matrix.data.ctypes.data, matrix.row_bytes, int(matrix.qtype))
-    return CWeights(matrix.ctypes.data, matrix.shape[1] * 4, int(GGMLQuantizationType.F32))
+    return CWeights(matrix.ctypes.data, matrix.shape[1] * 4, int(Q.F32))
