@@ -63,13 +63,22 @@ static inline int qblock_kind(int32_t type) {
     return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q6_K ? DEQ_SIGNED : DEQ_MIN;
 }
 
-/* 0x10 in lane i where bit i % 8 of a (lanes 0-7) or b (8-15) is set: Q5's fifth bits, in place. */
-static inline u8x16 fifth_bits(uint8_t a, uint8_t b) {
-    const uint64_t spread[2] = {a * 0x0101010101010101ull, b * 0x0101010101010101ull};
+/* 0x10 in lane i of the first (second) vector where bit i (i + 16) of qh is set: Q5's fifth bits, in place. */
+static inline void fifth_bits(const uint8_t *qh, u8x16 out[2]) {
     const u8x16 bit = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
-    u8x16 v;
-    memcpy(&v, spread, sizeof v);
-    return (u8x16)((v & bit) != 0) & 0x10;
+    u8x16 spread[2]; /* qh's bytes 0, 1 (2, 3), each in 8 lanes */
+#if defined(__SSE2__)
+    uint32_t bits;
+    memcpy(&bits, qh, sizeof bits);
+    __m128i v = _mm_cvtsi32_si128((int)bits);
+    v = _mm_unpacklo_epi8(v, v), v = _mm_unpacklo_epi16(v, v); /* each byte 4 times */
+    spread[0] = (u8x16)_mm_unpacklo_epi32(v, v), spread[1] = (u8x16)_mm_unpackhi_epi32(v, v);
+#else
+    const u8x16 v = {qh[0], qh[1], qh[2], qh[3]};
+    spread[0] = __builtin_shuffle(v, (u8x16){0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1});
+    spread[1] = __builtin_shuffle(v, (u8x16){2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3});
+#endif
+    for (int h = 0; h < 2; h++) out[h] = (u8x16)((spread[h] & bit) != 0) & 0x10;
 }
 
 /* Bits 2t and 2t + 1 of each byte, by constant shifts (a byte shift by a variable is lane by lane on SSE2). */
@@ -86,7 +95,9 @@ static inline __attribute__((always_inline)) QBlock q5_block(const uint8_t *row,
     const uint8_t *block = row + b * (with_min ? Q5_1_BYTES : Q5_0_BYTES), *qh = block + (with_min ? 4 : 2);
     const u8x16 qs = *(const u8x16 *)(qh + 4);
     const float d = half_to_float(load_u16(block)), m = with_min ? half_to_float(load_u16(block + 2)) : 0.0f;
-    QBlock k = {{(qs & 0x0f) | fifth_bits(qh[0], qh[1]), (qs >> 4) | fifth_bits(qh[2], qh[3])}, {d, d}, {m, m}};
+    u8x16 fifth[2];
+    fifth_bits(qh, fifth);
+    QBlock k = {{(qs & 0x0f) | fifth[0], (qs >> 4) | fifth[1]}, {d, d}, {m, m}};
     if (!with_min) k.q[0] -= 16, k.q[1] -= 16; /* q - 16, read as int8 */
     return k;
 }
