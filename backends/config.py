@@ -17,6 +17,7 @@ KV_CACHE_DTYPES = ("float32", "float16")
 class BackendConfig:
     name: str = "numpy"
     model: str | None = None  # a GGUF path; None: the default model package's file
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template (or giving it one)
     dtype: str = "float32"  # cupy only: float32 | float16 | bfloat16
     sim_profile: str = "zero"  # sim only: zero | cpu | a100 | h100 | h200
     sim_clock: str = "real"  # sim only: real (sleeps) | virtual (advances a counter)

@@ -50,7 +50,7 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     """Blocking (the weights load here): the server runs it in a worker thread. `files` skips re-reading
     the model's header and tokenizer when the caller already has them."""
     if files is None:
-        _, files = open_model(config.backend.model)
+        _, files = open_model(config.backend.model, config.backend.chat_template)
     backend = create_backend(config.backend, files)
     max_len = config.scheduler.max_model_len or files.config.context_length
     geo = backend.kv_geometry

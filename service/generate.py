@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from backends.model.chat_template import ChatTemplateError
 from scheduler.params import SamplingParams
 from service.assemble import build_llm, build_parts
 from service.config_cmd import ConfigCommand, config_from, setup_logging
@@ -24,11 +25,17 @@ def _run(args: argparse.Namespace) -> int:
     config = config_from(args)
     setup_logging("warning")  # stdout carries the completion only
     parts = build_parts(config)
-    text = args.prompt
-    if args.chat:
-        text = parts.files.chat_template.render([{"role": "user", "content": text}])
+    tokenizer = parts.files.tokenizer
+    if args.chat:  # the template writes any BOS itself
+        try:
+            ids = tokenizer.encode(parts.files.chat_template.render([{"role": "user", "content": args.prompt}]))
+        except ChatTemplateError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        ids = tokenizer.encode_prompt(args.prompt)
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
-    [out] = build_llm(config, parts).generate([parts.files.tokenizer.encode(text)], params)
+    [out] = build_llm(config, parts).generate([ids], params)
     if out.error:
         print(f"error: {out.error}", file=sys.stderr)
         return 1

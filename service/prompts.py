@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backends.model.chat_template import ChatTemplate, ChatTemplateError
+from backends.model.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
 from backends.model.tokenizer import Tokenizer
 from scheduler.errors import echoed
 from service.errors import APIError, bad_request
@@ -18,13 +18,13 @@ TokenIds = tuple[int, ...]
 def completion_prompts(prompt: str | list[Any], tokenizer: Tokenizer, max_model_len: int) -> list[TokenIds]:
     """OpenAI's four prompt forms: a string, a list of strings, a token list, a list of token lists."""
     if isinstance(prompt, str):
-        return [_checked(_encode(prompt, tokenizer, max_model_len, "prompt"), tokenizer, "prompt")]
+        return [_checked(_encode(prompt, tokenizer, max_model_len, "prompt", bos=True), tokenizer, "prompt")]
     if not prompt:
         raise bad_request("prompt must not be empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         return [_checked(prompt, tokenizer, "prompt")]
     if all(isinstance(p, str) for p in prompt):
-        return [_checked(_encode(p, tokenizer, max_model_len, f"prompt[{i}]"), tokenizer, f"prompt[{i}]")
+        return [_checked(_encode(p, tokenizer, max_model_len, f"prompt[{i}]", bos=True), tokenizer, f"prompt[{i}]")
                 for i, p in enumerate(prompt)]
     if all(isinstance(p, list) for p in prompt):
         return [_checked(p, tokenizer, f"prompt[{i}]") for i, p in enumerate(prompt)]
@@ -39,13 +39,14 @@ def num_prompts(prompt: str | list[Any]) -> int:
     return len(prompt)
 
 
-def _encode(text: str, tokenizer: Tokenizer, max_model_len: int, param: str) -> list[int]:
+def _encode(text: str, tokenizer: Tokenizer, max_model_len: int, param: str, bos: bool = False) -> list[int]:
     """Token ids of `text`, refusing without tokenizing a text that cannot fit the context whatever its tokens
-    are: no token is longer than max_token_bytes, so B bytes are at least B / max_token_bytes tokens."""
+    are: no token is longer than max_token_bytes, so B bytes are at least B / max_token_bytes tokens. bos: a
+    completion prompt, which starts with BOS where the model asks for one (a chat template writes its own)."""
     at_least = tokens_at_least(len(text.encode("utf-8", errors="surrogatepass")), tokenizer)
     if at_least >= max_model_len:
         raise too_long(at_least, max_model_len, param)
-    return tokenizer.encode(text)
+    return tokenizer.encode_prompt(text) if bos else tokenizer.encode(text)
 
 
 def tokens_at_least(num_bytes: int, tokenizer: Tokenizer) -> int:
@@ -83,6 +84,8 @@ def chat_prompt(messages: list[ChatMessage], template: ChatTemplate, tokenizer: 
     try:
         text = template.render(plain, add_generation_prompt=add_generation_prompt,
                                tools=tool_dicts(tools) if tools and native else None)
+    except NoChatTemplate as exc:
+        raise bad_request(str(exc), "messages") from None
     except ChatTemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
     return _checked(_encode(text, tokenizer, max_model_len, "messages"), tokenizer, "messages")

@@ -79,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     load_keys(config.service)  # an unreadable key file fails here, before the port is taken
     # A missing, non-GGUF or unsupported model fails here too (one line, exit 2); the weights load later,
     # in the background, while /health answers 503.
-    _, files = open_model(config.backend.model)
+    _, files = open_model(config.backend.model, config.backend.chat_template)
     check_backend(config.backend)  # an unknown backend, a CPU tier this CPU cannot run
     setup_logging(config.service.log_level)
     build = functools.partial(build_runtime, files=files)

@@ -77,4 +77,4 @@ def call_text(name: str, arguments: Any) -> str:
 
 def knows_tools(template: ChatTemplate) -> bool:
     """Whether the template renders tools itself (it reads the `tools` variable)."""
-    return "tools" in template.source
+    return template.source is not None and "tools" in template.source

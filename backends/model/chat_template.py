@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Used when a model ships no template: ChatML, the format SmolLM2 and many others were tuned on.
+# ChatML, the format SmolLM2 and many others were tuned on (the tests' template for tiny models).
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -25,15 +25,22 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+class NoChatTemplate(ChatTemplateError):
+    """The model has no chat template and none was given (as vLLM: no guessed default)."""
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
-    source: str
+    source: str | None  # None: the model file has none and no --chat-template was given
     bos_token: str = ""
     eos_token: str = ""
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str:
         """`tools` (OpenAI's function definitions) reach only a template that reads them."""
+        if self.source is None:
+            raise NoChatTemplate("this model has no chat template; start the server with --chat-template FILE "
+                                 "to give it one, or use /v1/completions")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+from backends.model.architecture import ARCHITECTURES, Architecture
 
 
 class ModelLoadError(Exception):
@@ -28,6 +28,19 @@ class ModelConfig:
     context_length: int
     bos_token_id: int
     eos_token_ids: tuple[int, ...]
+    sliding_window: int = 0  # positions a sliding layer attends to (Architecture.swa_period says which layers)
+
+    @property
+    def arch(self) -> Architecture:
+        return ARCHITECTURES[self.architecture]
+
+    def layer_window(self, layer: int) -> int:
+        """Positions layer `layer` attends to, back from the query's own: 0 for the whole context."""
+        period = self.arch.swa_period
+        return self.sliding_window if period and self.sliding_window and (layer + 1) % period else 0
+
+    def layer_rope_base(self, layer: int) -> float:
+        return self.arch.local_rope_base if self.layer_window(layer) else self.rope_theta
 
     @property
     def kv_group_size(self) -> int:
@@ -50,8 +63,8 @@ class ModelConfig:
 def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
     """Build a ModelConfig from GGUF key/values; unsupported architectures are refused by name."""
     arch = str(meta.get("general.architecture", "?"))
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{source}: unsupported architecture '{arch}' (supported: llama)")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{source}: unsupported architecture '{arch}' (supported: {', '.join(ARCHITECTURES)})")
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -60,7 +73,9 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         return value
 
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(get("rope.dimension_count", hidden // heads))
+    head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden // heads)))
+    if int(get("attention.value_length", head_dim)) != head_dim:
+        raise ModelLoadError(f"{source}: keys and values of different widths are not supported")
     return ModelConfig(
         name=str(meta.get("general.name", source)),
         architecture=arch,
@@ -76,6 +91,7 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         context_length=int(get("context_length")),
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=_eos_ids(meta),
+        sliding_window=int(get("attention.sliding_window", 0)) if ARCHITECTURES[arch].swa_period else 0,
     )
 
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.model.chat_template import CHATML_TEMPLATE, ChatTemplate
+from backends.model.chat_template import ChatTemplate
 from backends.model.config import ModelConfig, ModelLoadError, config_from_metadata
 from backends.model.gguf_file import GGUFFile, GGUFFormatError, read_gguf
 from backends.model.tokenizer import Tokenizer, tokenizer_from_metadata
@@ -53,8 +53,10 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 
 
-def open_model(path: str | Path | None = None) -> tuple[GGUFFile, ModelFiles]:
-    """Read the header, config, tokenizer and template; the weights stay memory-mapped."""
+def open_model(path: str | Path | None = None, chat_template: str | Path | None = None
+               ) -> tuple[GGUFFile, ModelFiles]:
+    """Read the header, config, tokenizer and template; the weights stay memory-mapped. chat_template: a Jinja
+    file that replaces the file's own template (or gives a model without one chat)."""
     path = Path(path) if path is not None else default_model_path()
     if not path.is_file():
         raise ModelLoadError(f"model file not found: {path}")
@@ -66,11 +68,18 @@ def open_model(path: str | Path | None = None) -> tuple[GGUFFile, ModelFiles]:
     config = config_from_metadata(meta, str(path))
     tokenizer = tokenizer_from_metadata(meta, str(path))
     template = ChatTemplate(
-        source=str(meta.get("tokenizer.chat_template") or CHATML_TEMPLATE),
+        source=_template_source(chat_template) if chat_template else meta.get("tokenizer.chat_template") or None,
         bos_token=tokenizer.token_text(tokenizer.bos_token_id),
         eos_token=tokenizer.token_text(tokenizer.eos_token_ids[0]),
     )
     return gguf, ModelFiles(path, config, tokenizer, template)
+
+
+def _template_source(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"chat template {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
 
 
 def load_model(path: str | Path | None = None, stored: StoredTypes = ()) -> LoadedModel:

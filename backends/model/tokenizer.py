@@ -1,5 +1,5 @@
-"""Byte-level BPE tokenizer built from GGUF metadata with the `tokenizers` library, and its incremental
-detokenizer."""
+"""The tokenizer built from GGUF metadata with the `tokenizers` library (byte-level BPE, "gpt2"; SentencePiece
+BPE, "llama": sentencepiece.py), and its incremental detokenizer."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from backends.model.config import ModelLoadError
+from backends.model.sentencepiece import spm_fast_tokenizer, spm_token_bytes
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+USER_DEFINED_TOKEN_TYPE = 4  # matched in text as themselves (Gemma's runs of spaces and newlines), not special
 # Pre-tokenizers whose regex is GPT-2's after splitting every digit on its own (StarCoder-style vocabularies).
 _DIGIT_SPLITTING = {"smollm", "starcoder", "refact", "codeshell", "exaone", "minerva"}
 _GPT2_STYLE = {"gpt2", "default", "olmo", "jais", "poro-chat", "viking", "gpt-2"}
@@ -40,6 +42,7 @@ class Tokenizer:
     bos_token_id: int
     eos_token_ids: tuple[int, ...]
     vocab_size: int = field(default=0)
+    add_bos: bool = False  # a text prompt starts with BOS (tokenizer.ggml.add_bos_token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids for `text`; control-token spellings in the text become their special ids. Through
@@ -47,6 +50,11 @@ class Tokenizer:
         thread for a second), at the same cost for one text. add_special_tokens: also the tokens the
         tokenizer's post-processor adds (a BOS, say); tokenizers built from GGUF metadata have none."""
         return list(self.fast.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A completion prompt's ids: BOS first where the model asks for it (a chat template writes its own)."""
+        ids = self.encode(text)
+        return [self.bos_token_id, *ids] if self.add_bos else ids
 
     @cached_property
     def max_token_bytes(self) -> int:
@@ -120,21 +128,32 @@ class IncrementalDetokenizer:
 
 def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
     model = meta.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelLoadError(f"{source}: tokenizer model '{model}' is not supported (byte-level BPE 'gpt2' only)")
+    if model not in ("gpt2", "llama"):
+        raise ModelLoadError(f"{source}: tokenizer model '{model}' is not supported (BPE: 'gpt2' or 'llama')")
     tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
     types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
     special = [i for i, t in enumerate(types) if t == CONTROL_TOKEN_TYPE]
-    fast = _build_fast(tokens, list(meta.get("tokenizer.ggml.merges", [])), str(meta.get("tokenizer.ggml.pre")))
+    if model == "gpt2":
+        fast = _build_fast(tokens, list(meta.get("tokenizer.ggml.merges", [])), str(meta.get("tokenizer.ggml.pre")))
+        token_bytes = _token_bytes(tokens, set(special))
+    else:
+        unknown = meta.get("tokenizer.ggml.unknown_token_id")
+        fast = spm_fast_tokenizer(tokens, list(meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))), types,
+                                  bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                                  None if unknown is None else int(unknown))
+        token_bytes = spm_token_bytes(tokens, types)
+    user = [i for i, t in enumerate(types) if t == USER_DEFINED_TOKEN_TYPE]
+    fast.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
     fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
     eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
     return Tokenizer(
         fast=fast,
-        token_bytes=_token_bytes(tokens, set(special)),
+        token_bytes=token_bytes,
         special_ids=frozenset(special),
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=(eos,),
         vocab_size=len(tokens),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),  # llama.cpp's defaults
     )
 
 

@@ -1,5 +1,6 @@
-"""Llama weights from a GGUF file: each matrix kept as stored (a QuantMatrix) when the backend has kernels for
-its type, else dequantized to float32; norms are always float32."""
+"""Decoder weights from a GGUF file: each matrix kept as stored (a QuantMatrix) when the backend has kernels for
+its type, else dequantized to float32; norms are always float32. Which tensors a layer has follows its
+Architecture (architecture.py)."""
 
 from __future__ import annotations
 
@@ -23,15 +24,24 @@ StoredTypes = Collection[GGMLQuantizationType]  # types a backend reads as store
 class LayerWeights:
     """One decoder layer. Matrices are (out, in) as stored; the forward multiplies by their transpose.
 
-    Q and K keep llama.cpp's GGUF row order, which pairs RoPE dimensions as (2i, 2i+1).
+    Q and K keep the GGUF's row order (Architecture.rope_pairs says how RoPE pairs their dimensions). The
+    optional norms are None where the architecture has none.
     """
 
     attn_norm: np.ndarray  # (H,)
     wqkv: Matrix  # (q_size + 2 * kv_size, H): Q, K and V projections stacked, one GEMM
     wo: Matrix  # (H, q_size)
-    ffn_norm: np.ndarray  # (H,)
+    ffn_norm: np.ndarray  # (H,): before the MLP
     w_gate_up: Matrix  # (2 * F, H): gate then up, one GEMM
     w_down: Matrix  # (H, F)
+    q_norm: np.ndarray | None = None  # (head_dim,): over each Q head (Architecture.qk_norm)
+    k_norm: np.ndarray | None = None  # (head_dim,): over each K head
+    post_attn_norm: np.ndarray | None = None  # (H,): after attention (Architecture.sandwich_norms)
+    post_ffn_norm: np.ndarray | None = None  # (H,): after the MLP
+
+    def arrays(self) -> list[Matrix]:
+        """The layer's tensors that exist."""
+        return [a for a in vars(self).values() if a is not None]
 
 
 @dataclass(frozen=True)
@@ -46,13 +56,13 @@ class ModelWeights:
     @property
     def streamed_bytes(self) -> int:
         """Bytes a decode step reads: every layer matrix and the output head (not the embedding rows)."""
-        arrays = [a for layer in self.layers for a in vars(layer).values()]
+        arrays = [a for layer in self.layers for a in layer.arrays()]
         return sum(matrix_bytes(a) for a in (*arrays, self.lm_head, self.final_norm))
 
     @property
     def num_bytes(self) -> int:
         arrays: list[Matrix] = [self.embedding, self.final_norm, self.lm_head]
-        arrays += [a for layer in self.layers for a in vars(layer).values()]
+        arrays += [a for layer in self.layers for a in layer.arrays()]
         unique = {id(a): a for a in arrays}
         return sum(matrix_bytes(a) for a in unique.values())
 
@@ -114,19 +124,31 @@ class _Loader:
         return np.concatenate([dense(p) for p in parts])
 
 
+_LLAMA_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_QK_NORMS = ("attn_q_norm", "attn_k_norm")
+_SANDWICH_NORMS = ("post_attention_norm", "post_ffw_norm")
+
+
+def _layer_tensors(config: ModelConfig) -> tuple[str, ...]:
+    arch = config.arch
+    return _LLAMA_LAYER + (_QK_NORMS if arch.qk_norm else ()) + (_SANDWICH_NORMS if arch.sandwich_norms else ())
+
+
 def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
     names = ["token_embd.weight", "output_norm.weight"]
     if "output.weight" in gguf.tensors:  # absent when the head is tied to the embedding
         names.append("output.weight")
-    per_layer = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                 "ffn_down")
-    names += [f"blk.{i}.{p}.weight" for i in range(config.num_layers) for p in per_layer]
+    names += [f"blk.{i}.{p}.weight" for i in range(config.num_layers) for p in _layer_tensors(config)]
     return names
 
 
 def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
     def take(part: str) -> Matrix:
         return arrays.pop(f"blk.{i}.{part}.weight")  # pop: the stacked copies replace the originals
+
+    def norm(part: str) -> np.ndarray | None:
+        name = f"blk.{i}.{part}.weight"
+        return dense(arrays.pop(name)) if name in arrays else None
 
     return LayerWeights(
         attn_norm=dense(take("attn_norm")),
@@ -135,4 +157,8 @@ def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
         ffn_norm=dense(take("ffn_norm")),
         w_gate_up=loader.stack(f"blk.{i}.ffn_gate_up", [take("ffn_gate"), take("ffn_up")]),
         w_down=take("ffn_down"),
+        q_norm=norm("attn_q_norm"),
+        k_norm=norm("attn_k_norm"),
+        post_attn_norm=norm("post_attention_norm"),
+        post_ffn_norm=norm("post_ffw_norm"),
     )

@@ -5,13 +5,16 @@ sequence's blocks are gathered into a padded (B, L) context and masked past its 
 reference: the backend normally runs the C kernel in native/paged_attention.c, which reads the blocks in
 place. Prefill chunks, at most a few per step, are attended one sequence at a time with a causal mask offset
 by the cached prefix (BLAS matmuls); that too is the reference for the C chunk kernel in
-native/chunk_attention.h, which gathers the sequence's blocks and attends tiles of query tokens.
+native/chunk_attention.h, which gathers the sequence's blocks and attends tiles of query tokens. A sliding
+layer's query attends to the last `window` positions up to its own only; the C kernels read whole contexts, so
+such a layer runs these references.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,8 +53,9 @@ def _softmax_weighted(scores: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-                     context_lens: np.ndarray) -> np.ndarray:
-    """q (B, heads, d) for one token per sequence -> (B, heads, d)."""
+                     context_lens: np.ndarray, window: int = 0) -> np.ndarray:
+    """q (B, heads, d) for one token per sequence -> (B, heads, d); window > 0: over the last `window`
+    positions only."""
     batch, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = -(-int(context_lens.max()) // block_size)
@@ -60,14 +64,18 @@ def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bl
     values = v_cache[tables].reshape(batch, -1, kv_heads, dim).transpose(0, 2, 1, 3)  # (B, kvh, L, d)
     grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim) * np.float32(dim**-0.5)
     scores = np.matmul(grouped, keys)  # (B, kvh, group, L)
-    past_end = np.arange(keys.shape[-1])[None, :] >= context_lens[:, None]  # (B, L)
-    scores += np.where(past_end, NEG_INF, np.float32(0))[:, None, None, :]
+    positions = np.arange(keys.shape[-1])[None, :]
+    outside = positions >= context_lens[:, None]  # (B, L)
+    if window:
+        outside |= positions < context_lens[:, None] - window
+    scores += np.where(outside, NEG_INF, np.float32(0))[:, None, None, :]
     return _softmax_weighted(scores, values).reshape(batch, heads, dim)
 
 
 def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
-                      context_len: int) -> np.ndarray:
-    """One sequence's chunk q (n, heads, d), the last n of its context_len positions -> (n, heads, d)."""
+                      context_len: int, window: int = 0) -> np.ndarray:
+    """One sequence's chunk q (n, heads, d), the last n of its context_len positions -> (n, heads, d); window
+    > 0: each query over the last `window` positions up to its own."""
     n, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     tables = block_table[: -(-context_len // block_size)]
@@ -76,8 +84,11 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
     group = heads // kv_heads
     grouped = q.reshape(n, kv_heads, group, dim).transpose(1, 2, 0, 3) * np.float32(dim**-0.5)
     scores = np.matmul(grouped, keys.transpose(1, 2, 0)[:, None])  # (kvh, group, n, ctx)
-    query_pos = np.arange(context_len - n, context_len)
-    scores[..., np.arange(context_len)[None, :] > query_pos[:, None]] = NEG_INF
+    query_pos, key_pos = np.arange(context_len - n, context_len)[:, None], np.arange(context_len)[None, :]
+    hidden = key_pos > query_pos
+    if window:
+        hidden |= key_pos <= query_pos - window
+    scores[..., hidden] = NEG_INF
     out = _softmax_weighted(scores, values.transpose(1, 0, 2)[:, None])  # (kvh, group, n, d)
     return out.transpose(2, 0, 1, 3).reshape(n, heads, dim)
 
@@ -85,8 +96,11 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layout: AttentionLayout,
                     query_start: np.ndarray, block_tables: np.ndarray, context_lens: np.ndarray,
                     decode: DecodeAttention = decode_attention,
-                    chunk: ChunkAttention = prefill_attention) -> np.ndarray:
-    """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d)."""
+                    chunk: ChunkAttention = prefill_attention, window: int = 0) -> np.ndarray:
+    """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d); window > 0: a sliding
+    layer's (the references: the C kernels read whole contexts)."""
+    if window:
+        decode, chunk = partial(decode_attention, window=window), partial(prefill_attention, window=window)
     if layout.all_decode:  # the common step: no row gathering
         return decode(q, k_cache, v_cache, block_tables, context_lens)
     out = np.empty_like(q)

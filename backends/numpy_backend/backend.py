@@ -13,7 +13,7 @@ from backends.config import KV_CACHE_DTYPES
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
-from backends.numpy_backend.model import LlamaForward
+from backends.numpy_backend.model import DecoderForward
 from backends.numpy_backend.native.cpu_tiers import AUTO, CpuInfo, CpuTier, CpuTierError, describe
 from backends.sampling import sample
 from backends.step_shape import CostCoefficients, ModelShape
@@ -38,7 +38,7 @@ class NumpyBackend:
         tier = chosen_tier(cpu_isa, cpu_kernels)
         self.cpu_tier = tier if cpu_kernels != "numpy" else None  # the C kernels' build; None: NumPy's run
         kernels = choose_kernels(cpu_kernels if tier else "numpy", cfg, model.weights, cpu_precision, tier)
-        self.forward = LlamaForward(cfg, model.weights, kernels.decode_attention, kernels.project,
+        self.forward = DecoderForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
         self._cache: PagedKVCache | None = None
 

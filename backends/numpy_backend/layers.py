@@ -1,4 +1,4 @@
-"""Elementwise pieces of the Llama forward, in float32."""
+"""Elementwise pieces of the decoder forward, in float32."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     half = gate_up.shape[-1] // 2
     gate, up = gate_up[..., :half], gate_up[..., half:]
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def gelu_tanh_mul(gate_up: np.ndarray) -> np.ndarray:
+    """GeGLU: GELU (tanh approximation, as Gemma's `gelu_pytorch_tanh`) of the gate half, times the up half."""
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :half], gate_up[..., half:]
+    inner = np.float32(np.sqrt(2.0 / np.pi)) * (gate + np.float32(0.044715) * gate * gate * gate)
+    return np.float32(0.5) * gate * (np.float32(1.0) + np.tanh(inner)) * up
+
+
+ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul}
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,14 @@ class RopeTable:
     def apply(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Rotate x (T, heads, head_dim) by each token's position."""
         return rotate(x, *self.at(positions))
+
+
+def rotate_halves(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate the pairs (i, i + head_dim / 2) of x (T, heads, head_dim), NeoX's layout, by cos, sin
+    (T, 1, head_dim // 2)."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

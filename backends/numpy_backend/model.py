@@ -1,4 +1,5 @@
-"""The Llama forward pass in float32 NumPy over a paged KV cache."""
+"""The decoder forward pass in float32 NumPy over a paged KV cache, computing what the model's Architecture
+says (backends/model/architecture.py): Llama's layer, and Gemma 3's norms, GeGLU and sliding windows."""
 
 from __future__ import annotations
 
@@ -19,21 +20,21 @@ from backends.numpy_backend.attention import (
     prefill_attention,
 )
 from backends.numpy_backend.kv_cache import PagedKVCache
-from backends.numpy_backend.layers import RopeTable, rms_norm, rotate, silu_mul
+from backends.numpy_backend.layers import ACTIVATIONS, RopeTable, rms_norm, rotate, rotate_halves
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.matmul import Projection, numpy_project
 
 
 @dataclass(frozen=True)
 class StepContext:
-    """What every layer of a step shares: which rows are decode tokens, and the RoPE angles of each token."""
+    """What every layer of a step shares: which rows are decode tokens, and each token's RoPE angles (cos, sin)
+    for each RoPE base the layers use."""
 
     layout: AttentionLayout
-    cos: np.ndarray
-    sin: np.ndarray
+    angles: dict[float, tuple[np.ndarray, np.ndarray]]
 
 
-class LlamaForward:
+class DecoderForward:
     def __init__(self, config: ModelConfig, weights: ModelWeights,
                  decode_attention: DecodeAttention = decode_attention, project: Projection = numpy_project,
                  fused_step: NativeFusedStep | None = None, chunk_attention: ChunkAttention = prefill_attention
@@ -44,19 +45,29 @@ class LlamaForward:
         self.chunk_attention = chunk_attention  # a prefill chunk's attention, one sequence at a time
         self.project = project  # x @ w.T, for every weight matrix
         self.fused_step = fused_step  # every layer of a small step in one C call, when built
-        self.rope = RopeTable.build(config.head_dim, config.rope_theta, config.context_length)
+        bases = {config.layer_rope_base(i) for i in range(config.num_layers)}
+        self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length) for base in bases}
+        self.rotate = rotate_halves if config.arch.rope_pairs == "halves" else rotate
+        self.activation = ACTIVATIONS[config.arch.activation]
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
         """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
         x = lookup(self.weights.embedding, batch.token_ids)
-        step = StepContext(AttentionLayout.of(batch.query_start), *self.rope.at(batch.positions))
+        if self.config.arch.scale_embeddings:
+            x = x * np.float32(np.sqrt(self.config.hidden_size))
+        angles = {base: rope.at(batch.positions) for base, rope in self.ropes.items()}
+        step = StepContext(AttentionLayout.of(batch.query_start), angles)
         if self.fused_step is not None and self.fused_step.fits(len(x)):
             self._fused(x, batch, step, cache)
             return x
         for index, layer in enumerate(self.weights.layers):
-            x = x + self._attention(index, layer, x, batch, step, cache)
-            x = x + self._mlp(layer, x)
+            x = x + self._normed(layer.post_attn_norm, self._attention(index, layer, x, batch, step, cache))
+            x = x + self._normed(layer.post_ffn_norm, self._mlp(layer, x))
         return x
+
+    def _normed(self, weight: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+        """x through a sandwich norm where the layer has one."""
+        return x if weight is None else rms_norm(x, weight, self.config.rms_eps)
 
     def _fused(self, x: np.ndarray, batch: StepBatch, step: StepContext, cache: PagedKVCache) -> None:
         """The step in one C call, a row per token: a chunk's tokens take their sequence's block table and
@@ -68,8 +79,9 @@ class LlamaForward:
             tables, lengths = tables[seq_of_token], batch.positions + 1
             seq_first = batch.query_start[seq_of_token]
         half = self.config.head_dim // 2
-        self.fused_step.run(x, cache, step.cos.reshape(-1, half), step.sin.reshape(-1, half), batch.slot_mapping,
-                            tables, lengths, seq_first)
+        cos, sin = step.angles[self.config.rope_theta]
+        self.fused_step.run(x, cache, cos.reshape(-1, half), sin.reshape(-1, half), batch.slot_mapping, tables,
+                            lengths, seq_first)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""
@@ -80,15 +92,24 @@ class LlamaForward:
                    cache: PagedKVCache) -> np.ndarray:
         cfg = self.config
         qkv = self.project(rms_norm(x, layer.attn_norm, cfg.rms_eps), layer.wqkv)
-        heads = cfg.num_heads + cfg.num_kv_heads  # Q and K heads, rotated together
-        qk = rotate(qkv[:, : cfg.q_size + cfg.kv_size].reshape(-1, heads, cfg.head_dim), step.cos, step.sin)
+        heads = cfg.num_heads + cfg.num_kv_heads  # Q and K heads, normed and rotated together
+        qk = qkv[:, : cfg.q_size + cfg.kv_size].reshape(-1, heads, cfg.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            qk = rms_norm(qk, self._qk_norm_weights(layer.q_norm, layer.k_norm), cfg.rms_eps)
+        qk = self.rotate(qk, *step.angles[cfg.layer_rope_base(index)])
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         v = qkv[:, cfg.q_size + cfg.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
         out = paged_attention(q, cache.keys[index], cache.values[index], step.layout, batch.query_start,
-                              batch.block_tables, batch.context_lens, self.decode_attention, self.chunk_attention)
+                              batch.block_tables, batch.context_lens, self.decode_attention, self.chunk_attention,
+                              cfg.layer_window(index))
         return self.project(out.reshape(-1, cfg.q_size), layer.wo)
+
+    def _qk_norm_weights(self, q_norm: np.ndarray, k_norm: np.ndarray) -> np.ndarray:
+        """(heads + kv_heads, head_dim): each Q head's norm weight, then each K head's."""
+        cfg = self.config
+        return np.concatenate([np.tile(q_norm, (cfg.num_heads, 1)), np.tile(k_norm, (cfg.num_kv_heads, 1))])
 
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, layer.ffn_norm, self.config.rms_eps)
-        return self.project(silu_mul(self.project(h, layer.w_gate_up)), layer.w_down)
+        return self.project(self.activation(self.project(h, layer.w_gate_up)), layer.w_down)

@@ -71,8 +71,9 @@ class NativeFusedStep:
 
     @staticmethod
     def supports(config: ModelConfig, weights: ModelWeights) -> bool:
-        """The model's shape, and every layer matrix readable by the projections as it is kept."""
-        return (config.head_dim % LANES == 0 and config.hidden_size % LANES == 0
+        """Llama's layer (no other architecture feature), the model's shape, and every layer matrix readable by
+        the projections as it is kept."""
+        return (not config.arch.features and config.head_dim % LANES == 0 and config.hidden_size % LANES == 0
                 and config.intermediate_size % LANES == 0 and config.num_heads % config.num_kv_heads == 0
                 and config.num_heads // config.num_kv_heads <= MAX_GROUP
                 and all(readable(getattr(layer, name)) for layer in weights.layers for name in _MATRICES))

@@ -1,0 +1,52 @@
+"""What differs between the decoder-only families pagedserve serves, as data.
+
+One `Architecture` per family, named as GGUF's `general.architecture` names it. The config reads the family's
+metadata through it, the weight loader the tensors it lists, and every forward pass computes what it says:
+no forward pass branches on a family's name. Adding a family is adding an entry to ARCHITECTURES (and its
+tests); a backend that cannot compute one of its features refuses the model at start-up (`unsupported_by`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RopePairs = Literal["interleaved", "halves"]
+Activation = Literal["silu", "gelu_tanh"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    # Which head dimensions RoPE rotates together: "interleaved" (2i, 2i + 1), the layout llama.cpp's converter
+    # gives Llama's Q and K rows; "halves" (i, i + head_dim / 2), NeoX's, which Gemma's rows keep.
+    rope_pairs: RopePairs = "interleaved"
+    activation: Activation = "silu"  # of the gate in gate * up: SwiGLU (silu) or GeGLU (tanh-approximated GELU)
+    scale_embeddings: bool = False  # embeddings times sqrt(hidden) (Gemma; in float32)
+    qk_norm: bool = False  # an RMSNorm over each Q and K head, before RoPE
+    sandwich_norms: bool = False  # an RMSNorm after attention and after the MLP too, before each residual add
+    # Every swa_period-th layer (1-based) attends to the whole context, the others to the last
+    # `sliding_window` positions (the metadata's); 0: every layer attends to the whole context.
+    swa_period: int = 0
+    local_rope_base: float = 10_000.0  # RoPE base of the sliding layers
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """What this family computes beyond Llama's layer, in words (for refusals)."""
+        named = {"RoPE over head halves": self.rope_pairs == "halves", "GeGLU": self.activation == "gelu_tanh",
+                 "scaled embeddings": self.scale_embeddings, "QK norm": self.qk_norm,
+                 "norms after attention and MLP": self.sandwich_norms, "sliding-window layers": self.swa_period > 0}
+        return tuple(name for name, present in named.items() if present)
+
+
+ARCHITECTURES = {
+    "llama": Architecture("llama"),
+    # Gemma 3: the GGUF's norm weights already hold Gemma's (1 + weight), as llama.cpp's converter writes them.
+    "gemma3": Architecture("gemma3", rope_pairs="halves", activation="gelu_tanh", scale_embeddings=True,
+                           qk_norm=True, sandwich_norms=True, swa_period=6),
+}
+
+
+def unsupported_by(arch: Architecture, supported: frozenset[str]) -> tuple[str, ...]:
+    """The features of `arch` outside `supported` (a backend's set of `features` names)."""
+    return tuple(f for f in arch.features if f not in supported)
