@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from backends.model.chat_template import ChatTemplate
+from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from backends.model.config import ModelConfig, ModelLoadError, config_from_metadata
 from backends.model.gguf_file import GGUFFile, GGUFFormatError, read_gguf
 from backends.model.tokenizer import Tokenizer, tokenizer_from_metadata
@@ -72,7 +72,25 @@ def open_model(path: str | Path | None = None, chat_template: str | Path | None 
         bos_token=tokenizer.token_text(tokenizer.bos_token_id),
         eos_token=tokenizer.token_text(tokenizer.eos_token_ids[0]),
     )
-    return gguf, ModelFiles(path, config, tokenizer, template)
+    stops = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *turn_end_ids(template, tokenizer))))
+    return gguf, ModelFiles(path, config, replace(tokenizer, eos_token_ids=stops), template)
+
+
+TURN_PROBE = "turn-end probe"
+
+
+def turn_end_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The control token the chat template closes an assistant's turn with (ChatML's <|im_end|>, Gemma's
+    <end_of_turn>), which ends generation as EOS does: files like Gemma 3's name no end-of-turn id, and a
+    template's own word for it beats a list of known spellings."""
+    turns = [{"role": "user", "content": "A"}, {"role": "assistant", "content": TURN_PROBE}]
+    try:
+        text = template.render(turns, add_generation_prompt=False)
+    except ChatTemplateError:  # none, or one that will not render this conversation: no extra stop
+        return ()
+    after = text[text.rfind(TURN_PROBE) + len(TURN_PROBE):] if TURN_PROBE in text else ""
+    ids = tokenizer.encode(after)
+    return (ids[0],) if ids and ids[0] in tokenizer.special_ids else ()
 
 
 def _template_source(path: str | Path) -> str:

@@ -145,13 +145,15 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
     user = [i for i, t in enumerate(types) if t == USER_DEFINED_TOKEN_TYPE]
     fast.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
     fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
-    eos = int(meta.get("tokenizer.ggml.eos_token_id", 2))
+    eos = [int(meta.get("tokenizer.ggml.eos_token_id", 2))]
+    if "tokenizer.ggml.eot_token_id" in meta:  # an end-of-turn token the file names: a stop too
+        eos.append(int(meta["tokenizer.ggml.eot_token_id"]))
     return Tokenizer(
         fast=fast,
         token_bytes=token_bytes,
         special_ids=frozenset(special),
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
-        eos_token_ids=(eos,),
+        eos_token_ids=tuple(dict.fromkeys(eos)),
         vocab_size=len(tokens),
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),  # llama.cpp's defaults
     )

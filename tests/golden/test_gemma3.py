@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel, load_model, open_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import PagedKVCacheManager
@@ -22,6 +22,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
 from tests.gemma3 import gemma3_path
+from tests.service.live import numpy_client
 
 REFERENCE = json.loads((Path(__file__).parent / "gemma3" / "reference.json").read_text(encoding="utf-8"))
 PROMPTS = {p["name"]: p for p in REFERENCE["prompts"]}
@@ -98,3 +99,25 @@ def test_the_long_prompt_needs_the_window() -> None:
     with_window, without = case["greedy"]["ids"], case["without_window"]["ids"]
     first = next(i for i, (a, b) in enumerate(zip(with_window, without, strict=False)) if a != b)
     assert first < decided(case["greedy"])
+
+
+GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+                  "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_served_over_http_with_a_chat_template_given(tmp_path: Path) -> None:
+    """`--chat-template` gives the base file Gemma's turns; its <end_of_turn> then stops generation (the file
+    names no end-of-turn id), and a completion is the reference's text."""
+    template = tmp_path / "gemma3.jinja"
+    template.write_text(GEMMA_TEMPLATE)
+    files = open_model(gemma3_path(), template)[1]
+    assert files.tokenizer.eos_token_ids == (1, 106)
+    case = PROMPTS["fact"]
+    with numpy_client(files, max_model_len=1024, num_blocks=128) as client:
+        name = client.models.list().data[0].id
+        out = client.completions.create(model=name, prompt=case["prompt"], max_tokens=8, temperature=0)
+        assert out.choices[0].text == files.tokenizer.decode(case["greedy"]["ids"][:8])
+        chat = client.chat.completions.create(model=name, max_tokens=24, temperature=0,
+                                              messages=[{"role": "user", "content": "Say hello."}])
+        assert chat.choices[0].finish_reason in ("stop", "length") and chat.usage is not None
