@@ -20,7 +20,7 @@ def _numpy(config: BackendConfig, files: ModelFiles) -> Backend:
     from backends.numpy_backend.native.weights import STORED_TYPES  # noqa: PLC0415
 
     stored = STORED_TYPES if config.weights == "gguf" else ()
-    return NumpyBackend(load_model(files.path, stored), config.cpu_kernels, config.cpu_precision,
+    return NumpyBackend(load_model(stored=stored, files=files), config.cpu_kernels, config.cpu_precision,
                         config.kv_cache_dtype, config.cpu_isa)
 
 

@@ -29,7 +29,7 @@ def create(config: BackendConfig, files: ModelFiles) -> CupyBackend:
     from backends.model.loader import load_model  # noqa: PLC0415
 
     device = cupy_device()  # first: without CuPy or a GPU, fail before spending time on the weights
-    model = load_model(files.path, stored_types() if config.weights == "gguf" else ())
+    model = load_model(stored=stored_types() if config.weights == "gguf" else (), files=files)
     _report_dense_copies(model.weights.dequantized, config.dtype)
     return CupyBackend(model.config, model.weights, device, dtype=config.dtype)
 

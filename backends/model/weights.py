@@ -76,7 +76,8 @@ def dequantize(gguf: GGUFFile, name: str) -> np.ndarray:
         raise ModelLoadError(
             f"{gguf.path}: tensor '{name}' has type {info.qtype.name}, which pagedserve cannot dequantize"
         ) from None
-    return np.ascontiguousarray(out.reshape(info.shape), dtype=F32)
+    # a copy: gguf returns an F32 tensor as a view of the file's map, which would keep the whole map resident
+    return np.array(out.reshape(info.shape), dtype=F32)
 
 
 def _info(gguf: GGUFFile, name: str) -> TensorInfo:
