@@ -21,6 +21,7 @@ from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
+from telemetry.interface import NullObserver
 from tests.gemma3 import gemma3_path
 from tests.service.live import numpy_client
 
@@ -34,9 +35,11 @@ LOGIT_TOL = 5e-4
 MARGIN_FLOOR = 2 * LOGIT_TOL  # a greedy step closer than this to a tie may flip between two float32 implementations
 
 
-@pytest.fixture(scope="module", params=["gguf", "float32"])
-def model(request: pytest.FixtureRequest) -> LoadedModel:
-    return load_model(gemma3_path(), stored=STORED_TYPES if request.param == "gguf" else ())
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    """The weights as the file stores them: the kernels give a row the float32 copy's result bit for bit
+    (tests/backends/test_native_quant.py), so this is also the float32 weights' run."""
+    return load_model(gemma3_path(), stored=STORED_TYPES)
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +50,11 @@ def backend(model: LoadedModel) -> NumpyBackend:
 
 
 def positions_logits(backend: NumpyBackend, ids: list[int], generated: list[int], count: int) -> np.ndarray:
-    """Logits of the positions that predict generated[0..count), from one prefill of prompt + generated."""
-    seq = ids + generated[: count - 1]
-    rows = []
-    for n in range(len(ids), len(seq) + 1):  # one step per prefix: each step's last row is the one sampled
-        state = SeqState(blocks=list(range(-(-n // BLOCK))))
-        rows.append(backend.compute_logits(make_batch([state], [seq[:n]], BLOCK))[0])
+    """Logits of the positions that predict generated[0..count): the prompt's prefill, then one decode step for
+    each generated token fed back."""
+    seq = SeqState(blocks=list(range(-(-(len(ids) + count) // BLOCK))))
+    rows = [backend.compute_logits(make_batch([seq], [ids], BLOCK))[0]]
+    rows += [backend.compute_logits(make_batch([seq], [[token]], BLOCK))[0] for token in generated[: count - 1]]
     return np.stack(rows)
 
 
@@ -89,6 +91,30 @@ def test_greedy_continuations_are_the_references(model: LoadedModel, backend: Nu
     expected, sure = case["greedy"]["ids"], decided(case["greedy"])
     assert sure >= min(len(expected), 8)  # the comparison is not vacuous
     assert greedy(model, backend, case["token_ids"], len(expected))[:sure] == expected[:sure]
+
+
+class Preemptions(NullObserver):
+    def __init__(self) -> None:
+        self.preempted: list[str] = []
+
+    def request_preempted(self, request_id: str, now: float) -> None:
+        self.preempted.append(request_id)
+
+
+def test_together_on_a_small_pool_with_prefixes_shared(model: LoadedModel, backend: NumpyBackend) -> None:
+    """Every short prompt twice, all in flight at once, on a pool too small for them: rows beside other rows
+    (batch invariance), sequences preempted and recomputed, and each prompt's second copy served from its first's
+    cached blocks; every continuation is still the reference's."""
+    cases = [PROMPTS[name] for name in sorted(PROMPTS) if name != "window"]
+    kv, observer = PagedKVCacheManager(12, BLOCK), Preemptions()  # 12 sequences of 1-2 blocks in 12 blocks
+    llm = LLM(SchedulerConfig(), kv, backend, model.files.tokenizer, max_model_len=256, observer=observer)
+    steps = 16
+    outs = llm.generate([c["token_ids"] for c in cases] * 2,
+                        SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True))
+    assert observer.preempted and kv.stats().prefix_hits > 0 and kv.stats().used_blocks == 0
+    for out, case in zip(outs, cases * 2, strict=True):
+        sure = min(steps, decided(case["greedy"]))
+        assert list(out.choices[0].token_ids)[:sure] == case["greedy"]["ids"][:sure]
 
 
 def test_the_long_prompt_needs_the_window() -> None:
