@@ -239,17 +239,19 @@ static inline vec8 deq8_float(const uint8_t *row, int32_t type, int64_t c) {
     return v;
 }
 
-/* Block b (weights b * 32 .. b * 32 + 31) of a row, as 4 vectors of 8. */
-static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, int32_t type, int64_t b, vec8 out[4]) {
+/* Block b (weights b * 32 .. b * 32 + 31) of a row, as 4 vectors of 8; ks: the K-quants' scales of its
+ * super-block (k_scales_at, before the block; unread for the other types). */
+static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, int32_t type, int64_t b,
+                                                            const KScales *ks, vec8 out[4]) {
     switch (type) {
     case WEIGHTS_Q4_0: deq_q4(row, b, 0, out); break;
     case WEIGHTS_Q4_1: deq_q4(row, b, 1, out); break;
     case WEIGHTS_Q8_0: deq_q8_0(row, b, out); break;
     case WEIGHTS_Q5_0: deq_q5(row, b, 0, out); break;
     case WEIGHTS_Q5_1: deq_q5(row, b, 1, out); break;
-    case WEIGHTS_Q4_K: deq_q4_k(row, b, out); break;
-    case WEIGHTS_Q5_K: deq_q5_k(row, b, out); break;
-    case WEIGHTS_Q6_K: deq_q6_k(row, b, out); break;
+    case WEIGHTS_Q4_K: deq_q4_k(row, b, ks, out); break;
+    case WEIGHTS_Q5_K: deq_q5_k(row, b, ks, out); break;
+    case WEIGHTS_Q6_K: deq_q6_k(row, b, ks, out); break;
     default:
         for (int u = 0; u < 4; u++) out[u] = deq8_float(row, type, 4 * b + u);
     }
@@ -270,7 +272,7 @@ static inline pair8 deq_pair_float(const uint8_t *row, int32_t type, int64_t c) 
 /* deq_block as NEON pairs, for the NEON loops of quant_matmul.h: the same values (deq_q4's, deq_q8_0's and
  * quant_k.h's arithmetic, by deq16_pairs). */
 static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t *row, int32_t type, int64_t b,
-                                                                  pair8 out[4]) {
+                                                                  const KScales *ks, pair8 out[4]) {
     if (type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1) {
         const int with_min = type == WEIGHTS_Q4_1, kind = with_min ? DEQ_MIN : DEQ_OFFSET8;
         const uint8_t *block = row + b * (with_min ? 20 : 18);
@@ -284,7 +286,7 @@ static inline __attribute__((always_inline)) void deq_block_pairs(const uint8_t 
         deq16_pairs(vld1q_u8(block + 2), d, 0.0f, DEQ_SIGNED, out);
         deq16_pairs(vld1q_u8(block + 18), d, 0.0f, DEQ_SIGNED, out + 2);
     } else if (eight_lanes_only(type)) {
-        const QBlock k = qblock_of(row, type, b);
+        const QBlock k = qblock_of(row, type, b, ks);
         const int kind = qblock_kind(type);
         deq16_pairs((uint8x16_t)k.q[0], k.d[0], k.m[0], kind, out);
         deq16_pairs((uint8x16_t)k.q[1], k.d[1], k.m[1], kind, out + 2);
@@ -304,14 +306,16 @@ static inline int is_quantized(int32_t type) {
 static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t *row, int64_t k, float *out,
                                                                    const int32_t type) {
     const int64_t blocks = k / QBLOCK;
+    KScales ks;
     for (int64_t b = 0; b < blocks; b++) {
+        k_scales_at(row, type, b, &ks);
 #if defined(SIMD_NEON)
         pair8 v[4];
-        deq_block_pairs(row, type, b, v);
+        deq_block_pairs(row, type, b, &ks, v);
         for (int u = 0; u < 4; u++) store_pair(out + b * QBLOCK + u * LANES, v[u]);
 #else
         vec8 v[4];
-        deq_block(row, type, b, v);
+        deq_block(row, type, b, &ks, v);
         memcpy(out + b * QBLOCK, v, sizeof v);
 #endif
     }

@@ -7,7 +7,7 @@
  *        high): d * (q - 16).
  *   Q5_1 (24): d, m, qh, qs: d * q + m.
  *   Q4_K (144 per super-block of 256, 8 sub-blocks of 32): d, dmin, 12 bytes of 6-bit scales sc and mins mn
- *        (k_scale_min), qs (sub-block 2i: the low nibbles of bytes 32i .. 32i + 31, 2i + 1 their high ones):
+ *        (k_scale_bytes), qs (sub-block 2i: the low nibbles of bytes 32i .. 32i + 31, 2i + 1 their high ones):
  *        (d * sc) * q - (dmin * mn).
  *   Q5_K (176): d, dmin, scales, qh (32: bit s of byte i is weight i of sub-block s's fifth bit), qs as Q4_K.
  *   Q6_K (210): ql (128), qh (64), 16 int8 scales (one per 16 weights), d: (d * scale) * (q - 32), q 6 bits.
@@ -40,17 +40,63 @@ static inline int eight_lanes_only(int32_t type) {
     return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 || is_k_quant(type);
 }
 
-/* Sub-block s's 6-bit scale and min from a Q4_K / Q5_K super-block's 12 packed bytes p (gguf's get_scale_min):
- * s < 4: the low 6 bits of bytes s and s + 4; else byte s + 4's low (scale) or high (min) nibble, with the top 2
- * bits of byte s - 4 (scale) or s (min) above it. */
-static inline void k_scale_min(const uint8_t *p, int s, int *sc, int *mn) {
-    if (s < 4) {
-        *sc = p[s] & 63, *mn = p[s + 4] & 63;
-    } else {
-        *sc = (p[s + 4] & 0x0f) | (p[s - 4] >> 6) << 4;
-        *mn = (p[s + 4] >> 4) | (p[s] >> 6) << 4;
-    }
+/* A K-quant super-block's scales, decoded once for its 8 blocks (per block they cost as much as the weights'
+ * own arithmetic): Q4_K / Q5_K: d[s] = d * sc and m[s] = dmin * mn of sub-block s; Q6_K: d[i] = d * scale of
+ * weights 16 i .. 16 i + 15. The products gguf rounds, exactly (see above). */
+typedef struct {
+    float d[16], m[8];
+} KScales;
+
+/* The 8 6-bit scales and 8 mins of a Q4_K / Q5_K super-block's 12 packed bytes p as bytes (gguf's get_scale_min,
+ * four at a time): s < 4: the low 6 bits of bytes s (scale) and s + 4 (min); else byte s + 4's low (scale) or
+ * high (min) nibble, with the top 2 bits of byte s - 4 (scale) or s (min) above it. */
+static inline void k_scale_bytes(const uint8_t *p, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[3], out[4];
+    memcpy(u, p, sizeof u);
+    out[0] = u[0] & 0x3f3f3f3fu;
+    out[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    out[2] = u[1] & 0x3f3f3f3fu;
+    out[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    memcpy(sc, out, 8), memcpy(mn, out + 2, 8);
 }
+
+/* 8 (or 16) integers times f, into out: exact products (a float16 f, integers of 8 bits at most). */
+static inline void scaled_bytes(const uint8_t *q, int sign, int count, float f, float *out) {
+#if defined(__AVX2__)
+    for (int i = 0; i < count; i += 8) {
+        const __m128i bytes = _mm_loadl_epi64((const __m128i *)(q + i));
+        const __m256i ints = sign ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_set1_ps(f), _mm256_cvtepi32_ps(ints)));
+    }
+#else
+    for (int i = 0; i < count; i++) out[i] = f * (sign ? (float)(int8_t)q[i] : (float)q[i]);
+#endif
+}
+
+/* Super-block sb's scales; `type` a K-quant, a constant once inlined. */
+static inline __attribute__((always_inline)) void k_scales_of(const uint8_t *row, int32_t type, int64_t sb,
+                                                              KScales *ks) {
+    if (type == WEIGHTS_Q6_K) {
+        const uint8_t *super = row + sb * Q6_K_BYTES;
+        scaled_bytes(super + 192, 1, 16, half_to_float(load_u16(super + 208)), ks->d);
+        return;
+    }
+    const uint8_t *super = row + sb * (type == WEIGHTS_Q5_K ? Q5_K_BYTES : Q4_K_BYTES);
+    uint8_t sc[8], mn[8];
+    k_scale_bytes(super + 4, sc, mn);
+    scaled_bytes(sc, 0, 8, half_to_float(load_u16(super)), ks->d);
+    scaled_bytes(mn, 0, 8, half_to_float(load_u16(super + 2)), ks->m);
+}
+
+/* Before block b of a row: its super-block's scales, where b starts one (nothing for the other types). */
+static inline __attribute__((always_inline)) void k_scales_at(const uint8_t *row, int32_t type, int64_t b,
+                                                              KScales *ks) {
+    if (is_k_quant(type) && (b & 7) == 0) k_scales_of(row, type, b >> 3, ks);
+}
+
+/* Blocks a loop takes together, unrolled: a K-quant's super-block, so that each block's sub-block (b & 7: its
+ * nibble, bit and shifts) is a constant. */
+static inline int64_t block_step(int32_t type) { return is_k_quant(type) ? 8 : 1; }
 
 /* A block as integers and their scales, for deq16 (the tiers without AVX2): weights 0-15 are q[0] with d[0] and
  * m[0], 16-31 q[1] with d[1], m[1]; d * q + m rounded twice (DEQ_MIN), or d * q with q as int8 (DEQ_SIGNED). */
@@ -103,12 +149,11 @@ static inline __attribute__((always_inline)) QBlock q5_block(const uint8_t *row,
 }
 
 /* Q4_K, Q5_K (`five`): m = -(dmin * mn), so d * q + m is gguf's d * q - dmin * mn (x - y is x + -y in IEEE). */
-static inline __attribute__((always_inline)) QBlock k_block(const uint8_t *row, int64_t b, int five) {
-    const uint8_t *super = row + b / 8 * (five ? Q5_K_BYTES : Q4_K_BYTES);
-    const int s = (int)(b % 8);
-    int sc, mn;
-    k_scale_min(super + 4, s, &sc, &mn);
-    const float d = half_to_float(load_u16(super)) * (float)sc, m = -(half_to_float(load_u16(super + 2)) * (float)mn);
+static inline __attribute__((always_inline)) QBlock k_block(const uint8_t *row, int64_t b, const KScales *ks,
+                                                            int five) {
+    const uint8_t *super = row + (b >> 3) * (five ? Q5_K_BYTES : Q4_K_BYTES);
+    const int s = (int)(b & 7);
+    const float d = ks->d[s], m = -ks->m[s];
     const uint8_t *qs = super + (five ? 48 : 16) + 32 * (s / 2);
     QBlock k = {{*(const u8x16 *)qs, *(const u8x16 *)(qs + 16)}, {d, d}, {m, m}};
     for (int h = 0; h < 2; h++) {
@@ -120,12 +165,11 @@ static inline __attribute__((always_inline)) QBlock k_block(const uint8_t *row, 
 
 /* Q6_K: sub-block s of the super-block's half s / 4 takes ql's bytes 32 (s % 2) .. + 31 of that half (the high
  * nibbles for s % 4 >= 2) and bits 2 (s % 4) of qh's 32 bytes of that half. */
-static inline __attribute__((always_inline)) QBlock q6_k_block(const uint8_t *row, int64_t b) {
-    const uint8_t *super = row + b / 8 * Q6_K_BYTES;
-    const int s = (int)(b % 8), t = s % 4;
+static inline __attribute__((always_inline)) QBlock q6_k_block(const uint8_t *row, int64_t b, const KScales *ks) {
+    const uint8_t *super = row + (b >> 3) * Q6_K_BYTES;
+    const int s = (int)(b & 7), t = s % 4;
     const uint8_t *ql = super + 64 * (s / 4) + 32 * (t % 2), *qh = super + 128 + 32 * (s / 4);
-    const float d = half_to_float(load_u16(super + 208));
-    QBlock k = {{{0}, {0}}, {d * (float)(int8_t)super[192 + 2 * s], d * (float)(int8_t)super[193 + 2 * s]}, {0, 0}};
+    QBlock k = {{{0}, {0}}, {ks->d[2 * s], ks->d[2 * s + 1]}, {0, 0}};
     for (int h = 0; h < 2; h++) {
         const u8x16 low = *(const u8x16 *)(ql + 16 * h);
         k.q[h] = ((t / 2 ? low >> 4 : low & 0x0f) | two_bits(*(const u8x16 *)(qh + 16 * h), t) << 4) - 32;
@@ -133,14 +177,15 @@ static inline __attribute__((always_inline)) QBlock q6_k_block(const uint8_t *ro
     return k;
 }
 
-/* `type` one of this header's, a constant once inlined. */
-static inline __attribute__((always_inline)) QBlock qblock_of(const uint8_t *row, int32_t type, int64_t b) {
+/* `type` one of this header's, a constant once inlined; ks: the K-quants' super-block scales (k_scales_at). */
+static inline __attribute__((always_inline)) QBlock qblock_of(const uint8_t *row, int32_t type, int64_t b,
+                                                              const KScales *ks) {
     switch (type) {
     case WEIGHTS_Q5_0: return q5_block(row, b, 0);
     case WEIGHTS_Q5_1: return q5_block(row, b, 1);
-    case WEIGHTS_Q4_K: return k_block(row, b, 0);
-    case WEIGHTS_Q5_K: return k_block(row, b, 1);
-    default: return q6_k_block(row, b);
+    case WEIGHTS_Q4_K: return k_block(row, b, ks, 0);
+    case WEIGHTS_Q5_K: return k_block(row, b, ks, 1);
+    default: return q6_k_block(row, b, ks);
     }
 }
 
@@ -167,35 +212,36 @@ static inline __attribute__((always_inline)) void widen32(__m256i bytes, int sig
     }
 }
 
-/* d * sc and dmin * mn of a Q4_K / Q5_K sub-block, in lanes 0 and 1: the products gguf rounds (exactly). */
-static inline __m128 k_scales(const uint8_t *super, int s) {
-    int sc, mn;
-    k_scale_min(super + 4, s, &sc, &mn);
-    return _mm_mul_ps(two_halves(super), _mm_cvtepi32_ps(_mm_setr_epi32(sc, mn, 0, 0)));
-}
+/* Each byte value's 8 bits as 8 dwords, 0x10 where the bit is set: Q5's fifth bits in place, one load for 8
+ * weights (by shifts and masks, per-lane shifts of qh, they took 3 of the 6 vector operations per 8 weights). */
+#define Q5_BITS(i)                                                                                                  \
+    {((i) & 1) << 4, ((i) >> 1 & 1) << 4, ((i) >> 2 & 1) << 4, ((i) >> 3 & 1) << 4, ((i) >> 4 & 1) << 4,           \
+     ((i) >> 5 & 1) << 4, ((i) >> 6 & 1) << 4, ((i) >> 7 & 1) << 4}
+#define Q5_BITS4(i) Q5_BITS(i), Q5_BITS((i) + 1), Q5_BITS((i) + 2), Q5_BITS((i) + 3)
+#define Q5_BITS16(i) Q5_BITS4(i), Q5_BITS4((i) + 4), Q5_BITS4((i) + 8), Q5_BITS4((i) + 12)
+#define Q5_BITS64(i) Q5_BITS16(i), Q5_BITS16((i) + 16), Q5_BITS16((i) + 32), Q5_BITS16((i) + 48)
+static const uint32_t q5_fifth[256][8] __attribute__((aligned(32))) = {Q5_BITS64(0), Q5_BITS64(64), Q5_BITS64(128),
+                                                                       Q5_BITS64(192)};
+#undef Q5_BITS64
+#undef Q5_BITS16
+#undef Q5_BITS4
+#undef Q5_BITS
 
-/* Q5_0 / Q5_1: bytes widened by their loads (deq_q4's AVX2 note). Weight j's fifth bit, bit j of qh, is brought
- * to bit 4 by a per-lane shift of qh, shifted left 4 for weights 0-15 and right 12 for 16-31 (no count is
- * negative). Q5_0: qh inverted, so 16 where the bit is clear, subtracted from the nibble: q - 16 as an exact
+/* Q5_0 / Q5_1: bytes widened by their loads (deq_q4's AVX2 note), weight j's fifth bit (bit j of qh) from
+ * q5_fifth. Q5_0: qh inverted, so 16 where the bit is clear, subtracted from the nibble: q - 16 as an exact
  * integer, then d * (q - 16) as gguf (exact, its zero's sign too). Q5_1: d * q + m as one FMA (d * q exact). */
 static inline __attribute__((always_inline)) void deq_q5(const uint8_t *row, int64_t b, int with_min, vec8 out[4]) {
-    const uint8_t *block = row + b * (with_min ? Q5_1_BYTES : Q5_0_BYTES), *at_qh = block + (with_min ? 4 : 2);
-    uint32_t qh;
-    memcpy(&qh, at_qh, sizeof qh);
-    if (!with_min) qh = ~qh;
+    const uint8_t *block = row + b * (with_min ? Q5_1_BYTES : Q5_0_BYTES), *qh = block + (with_min ? 4 : 2);
     const __m128 dm = two_halves(block); /* Q5_0: d, and qh's first two bytes (unused) */
     const __m256 d = lane0(dm), m = lane1(dm);
-    const __m256i low = _mm256_set1_epi32(0x0f), bit4 = _mm256_set1_epi32(0x10);
-    const __m256i first = _mm256_set1_epi32((int)(qh << 4)), second = _mm256_set1_epi32((int)(qh >> 12));
+    const __m256i low = _mm256_set1_epi32(0x0f);
     for (int h = 0; h < 2; h++) {
-        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(at_qh + 4 + 8 * h)));
-        const __m256i shift = _mm256_setr_epi32(8 * h, 8 * h + 1, 8 * h + 2, 8 * h + 3, 8 * h + 4, 8 * h + 5,
-                                                8 * h + 6, 8 * h + 7);
-        const __m256i fifth[2] = {_mm256_and_si256(_mm256_srlv_epi32(first, shift), bit4),
-                                  _mm256_and_si256(_mm256_srlv_epi32(second, shift), bit4)};
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qh + 4 + 8 * h)));
         const __m256i nibbles[2] = {_mm256_and_si256(bytes, low), _mm256_srli_epi32(bytes, 4)};
-        for (int i = 0; i < 2; i++) {
-            const __m256i q = with_min ? _mm256_or_si256(nibbles[i], fifth[i]) : _mm256_sub_epi32(nibbles[i], fifth[i]);
+        for (int i = 0; i < 2; i++) { /* weights 8 h .. 8 h + 7, then 16 more */
+            const uint8_t bits = with_min ? qh[h + 2 * i] : (uint8_t)~qh[h + 2 * i];
+            const __m256i fifth = _mm256_load_si256((const __m256i *)q5_fifth[bits]);
+            const __m256i q = with_min ? _mm256_or_si256(nibbles[i], fifth) : _mm256_sub_epi32(nibbles[i], fifth);
             out[h + 2 * i] = with_min ? (vec8)_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), m)
                                       : (vec8)_mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
         }
@@ -204,52 +250,55 @@ static inline __attribute__((always_inline)) void deq_q5(const uint8_t *row, int
 
 /* Q4_K: bytes widened by their loads, the sub-block's nibble by a shift of 0 or 4; (d * sc) * q - dmin * mn as
  * one FMA ((d * sc) * q exact). */
-static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    const uint8_t *super = row + b / 8 * Q4_K_BYTES;
-    const int s = (int)(b % 8);
-    const __m128 dm = k_scales(super, s);
-    const __m256 d = lane0(dm), m = lane1(dm);
+static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    const uint8_t *super = row + (b >> 3) * Q4_K_BYTES;
+    const int s = (int)(b & 7);
+    const __m256 d = _mm256_broadcast_ss(ks->d + s), m = _mm256_broadcast_ss(ks->m + s);
     const uint8_t *q = super + 16 + 32 * (s / 2);
-    const __m128i shift = _mm_cvtsi32_si128(4 * (s % 2));
-    const __m256i low = _mm256_set1_epi32(0x0f);
     for (int u = 0; u < 4; u++) {
         const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * u)));
-        const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi32(bytes, shift), low);
+        const __m256i nibbles = s % 2 ? _mm256_srli_epi32(bytes, 4) : _mm256_and_si256(bytes, _mm256_set1_epi32(0x0f));
         out[u] = (vec8)_mm256_fmsub_ps(d, _mm256_cvtepi32_ps(nibbles), m);
     }
 }
 
+/* Bit `from` of each byte of v moved to bit `to` by a 16-bit shift (the caller masks what crossed from the
+ * neighbouring byte): one immediate shift where the sub-block is a constant (the tiles' unrolled loops). */
+static inline __attribute__((always_inline)) __m256i bits_to(__m256i v, int from, int to) {
+    return from <= to ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from))
+                      : _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to));
+}
+
 /* Q5_K: the 32 nibbles and fifth bits combined as bytes (16-bit shifts, then masks that drop what crossed from
  * the neighbouring byte), then widened; the FMA of Q4_K. */
-static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    const uint8_t *super = row + b / 8 * Q5_K_BYTES;
-    const int s = (int)(b % 8);
-    const __m128 dm = k_scales(super, s);
-    const __m256 d = lane0(dm), m = lane1(dm);
+static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    const uint8_t *super = row + (b >> 3) * Q5_K_BYTES;
+    const int s = (int)(b & 7);
+    const __m256 d = _mm256_broadcast_ss(ks->d + s), m = _mm256_broadcast_ss(ks->m + s);
     const __m256i qs = _mm256_loadu_si256((const __m256i *)(super + 48 + 32 * (s / 2)));
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(super + 16));
-    const __m256i nibbles = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (s % 2))),
-                                             _mm256_set1_epi8(0x0f));
-    const __m256i fifth = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+    const __m256i nibbles = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(qs, 4) : qs, _mm256_set1_epi8(0x0f));
+    const __m256i fifth = _mm256_and_si256(bits_to(qh, s, 4), _mm256_set1_epi8(0x10));
     __m256i q[4];
-    widen32(_mm256_or_si256(nibbles, _mm256_slli_epi16(fifth, 4)), 0, q); /* 0 or 1 << 4 stays in its byte */
+    widen32(_mm256_or_si256(nibbles, fifth), 0, q);
     for (int u = 0; u < 4; u++) out[u] = (vec8)_mm256_fmsub_ps(d, _mm256_cvtepi32_ps(q[u]), m);
 }
 
 /* Q6_K: q - 32 as signed bytes (16-bit shifts and masks as Q5_K), widened; (d * scale) * (q - 32) one product,
  * with the scale of weights 0-15 or 16-31. */
-static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    const uint8_t *super = row + b / 8 * Q6_K_BYTES;
-    const int s = (int)(b % 8), t = s % 4;
+static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    const uint8_t *super = row + (b >> 3) * Q6_K_BYTES;
+    const int s = (int)(b & 7), t = s % 4;
     const __m256i ql = _mm256_loadu_si256((const __m256i *)(super + 64 * (s / 4) + 32 * (t % 2)));
     const __m256i qh = _mm256_loadu_si256((const __m256i *)(super + 128 + 32 * (s / 4)));
-    const __m256i low = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0f));
-    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+    const __m256i low = _mm256_and_si256(t / 2 ? _mm256_srli_epi16(ql, 4) : ql, _mm256_set1_epi8(0x0f));
+    const __m256i high = _mm256_and_si256(bits_to(qh, 2 * t, 4), _mm256_set1_epi8(0x30));
     __m256i q[4];
-    widen32(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32)), 1, q);
-    const __m128i scales = _mm_setr_epi32((int8_t)super[192 + 2 * s], (int8_t)super[193 + 2 * s], 0, 0);
-    const __m128 ds = _mm_mul_ps(_mm_set1_ps(half_to_float(load_u16(super + 208))), _mm_cvtepi32_ps(scales));
-    const __m256 d[2] = {lane0(ds), lane1(ds)};
+    widen32(_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)), 1, q);
+    const __m256 d[2] = {_mm256_broadcast_ss(ks->d + 2 * s), _mm256_broadcast_ss(ks->d + 2 * s + 1)};
     for (int u = 0; u < 4; u++) out[u] = (vec8)_mm256_mul_ps(d[u / 2], _mm256_cvtepi32_ps(q[u]));
 }
 #else
@@ -262,16 +311,19 @@ static inline __attribute__((always_inline)) void deq_q5(const uint8_t *row, int
     deq_qblock(q5_block(row, b, with_min), with_min ? DEQ_MIN : DEQ_SIGNED, out);
 }
 
-static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    deq_qblock(k_block(row, b, 0), DEQ_MIN, out);
+static inline __attribute__((always_inline)) void deq_q4_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    deq_qblock(k_block(row, b, ks, 0), DEQ_MIN, out);
 }
 
-static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    deq_qblock(k_block(row, b, 1), DEQ_MIN, out);
+static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    deq_qblock(k_block(row, b, ks, 1), DEQ_MIN, out);
 }
 
-static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int64_t b, vec8 out[4]) {
-    deq_qblock(q6_k_block(row, b), DEQ_SIGNED, out);
+static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int64_t b, const KScales *ks,
+                                                         vec8 out[4]) {
+    deq_qblock(q6_k_block(row, b, ks), DEQ_SIGNED, out);
 }
 #endif
 

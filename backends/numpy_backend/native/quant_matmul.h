@@ -38,14 +38,17 @@ static inline __attribute__((always_inline)) void half_tile_t(const float *x, co
     const int64_t blocks = k / QBLOCK, chunks = k / LANES;
     const float *x1 = x + (pair > 1 ? k : 0);
     pair8 acc0[HALF_TILE], acc1[HALF_TILE];
+    KScales ks[HALF_TILE];
 #pragma GCC unroll 4
     for (int j = 0; j < HALF_TILE; j++) acc0[j] = acc1[j] = zero_pair();
     for (int64_t b = 0; b < blocks; b++) {
         ahead_step(ahead);
 #pragma GCC unroll 4
+        for (int j = 0; j < HALF_TILE; j++) k_scales_at(weights_row(w, first + j), type, b, &ks[j]);
+#pragma GCC unroll 4
         for (int j = 0; j < HALF_TILE; j++) {
             pair8 v[4];
-            deq_block_pairs(weights_row(w, first + j), type, b, v);
+            deq_block_pairs(weights_row(w, first + j), type, b, &ks[j], v);
 #pragma GCC unroll 4
             for (int u = 0; u < 4; u++) {
                 acc0[j] = fma_pair(load_pair(x + (4 * b + u) * LANES), v[u], acc0[j]);
@@ -84,19 +87,24 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
     const int64_t blocks = k / QBLOCK, chunks = k / LANES;
     const vec8 *x0 = (const vec8 *)x, *x1 = (const vec8 *)(x + (pair > 1 ? k : 0));
     vec8 acc0[TILE], acc1[TILE];
+    KScales ks[TILE]; /* each row's, decoded once per super-block (K-quants) */
     for (int j = 0; j < TILE; j++) acc0[j] = acc1[j] = (vec8){0};
     Ahead ahead = next_tile_ahead(w, n, t, blocks);
-    for (int64_t b = 0; b < blocks; b++) {
-        ahead_step(&ahead);
-        for (int j = 0; j < TILE; j++) {
-            vec8 v[4];
-            deq_block(weights_row(w, t * TILE + j), type, b, v);
-            for (int u = 0; u < 4; u++) {
-                acc0[j] = fma8(x0[4 * b + u], v[u], acc0[j]);
-                if (pair > 1) acc1[j] = fma8(x1[4 * b + u], v[u], acc1[j]);
+    const int64_t step = block_step(type);
+    for (int64_t b0 = 0; b0 < blocks; b0 += step)
+#pragma GCC unroll 8
+        for (int64_t b = b0; b < b0 + step; b++) {
+            ahead_step(&ahead);
+            for (int j = 0; j < TILE; j++) k_scales_at(weights_row(w, t * TILE + j), type, b, &ks[j]);
+            for (int j = 0; j < TILE; j++) {
+                vec8 v[4];
+                deq_block(weights_row(w, t * TILE + j), type, b, &ks[j], v);
+                for (int u = 0; u < 4; u++) {
+                    acc0[j] = fma8(x0[4 * b + u], v[u], acc0[j]);
+                    if (pair > 1) acc1[j] = fma8(x1[4 * b + u], v[u], acc1[j]);
+                }
             }
         }
-    }
     for (int64_t c = blocks * 4; c < chunks; c++) /* the float types' last chunks, past whole blocks */
         for (int j = 0; j < TILE; j++) {
             const vec8 v = deq8_float(weights_row(w, t * TILE + j), type, c);
@@ -139,9 +147,11 @@ static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, cons
                                                              const int32_t type) {
     const int64_t blocks = k / QBLOCK;
     pair8 acc = zero_pair();
+    KScales ks;
     for (int64_t b = 0; b < blocks; b++) {
         pair8 v[4];
-        deq_block_pairs(row, type, b, v);
+        k_scales_at(row, type, b, &ks);
+        deq_block_pairs(row, type, b, &ks, v);
 #pragma GCC unroll 4
         for (int u = 0; u < 4; u++) acc = fma_pair(load_pair(x + 4 * b + u), v[u], acc);
     }
@@ -153,9 +163,11 @@ static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, cons
                                                              const int32_t type) {
     const int64_t blocks = k / QBLOCK;
     vec8 acc = {0};
+    KScales ks;
     for (int64_t b = 0; b < blocks; b++) {
         vec8 v[4];
-        deq_block(row, type, b, v);
+        k_scales_at(row, type, b, &ks);
+        deq_block(row, type, b, &ks, v);
         for (int u = 0; u < 4; u++) acc = fma8(x[4 * b + u], v[u], acc);
     }
     for (int64_t c = blocks * 4; c < k / LANES; c++) acc = fma8(x[c], deq8_float(row, type, c), acc);

@@ -90,7 +90,9 @@ static inline __attribute__((always_inline)) void deq_block16(const uint8_t *row
         out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 18)))), d);
     } else if (eight_lanes_only(type)) {
         vec8 v[4];
-        deq_block(row, type, b, v);
+        KScales ks;
+        if (is_k_quant(type)) k_scales_of(row, type, b / 8, &ks);
+        deq_block(row, type, b, &ks, v);
         for (int h = 0; h < 2; h++)
             out[h] = _mm512_insertf32x8(_mm512_castps256_ps512((__m256)v[2 * h]), (__m256)v[2 * h + 1], 1);
     } else {
