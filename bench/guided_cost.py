@@ -1,7 +1,10 @@
 """What constrained decoding costs per token: decode steps of a batch following a 10-field JSON schema against
 the same batch unconstrained, on the NumPy backend and the real model.
 
-    python -m bench.guided_cost [--batch 16] [--repeats 3]
+    python -m bench.guided_cost [--batch 16] [--repeats 3] [--model PATH] [--chat-template FILE]
+
+--model: another GGUF than the default SmolLM2 (Gemma 3's vocabulary is 262,144 tokens to SmolLM2's 49,152;
+the mask's cost grows with it). A model without a chat template gets the asks as completion prompts.
 
 Each repeat runs the batch guided (greedy, a schema of 10 fields) and then unguided with each sequence held
 to exactly the guided one's length (ignore_eos, max_tokens), so both runs have the same steps with the same
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel, load_model, open_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.sampling import apply_allowed
 from bench.stats import pct
@@ -51,6 +54,8 @@ class Run:
 def prompts(model: LoadedModel, batch: int) -> list[list[int]]:
     template, tok = model.files.chat_template, model.files.tokenizer
     asks = [f"Describe pet number {i} as JSON with its name, species, age and more." for i in range(batch)]
+    if template.source is None:
+        return [tok.encode_prompt(a) for a in asks]
     return [tok.encode(template.render([{"role": "user", "content": a}])) for a in asks]
 
 
@@ -93,9 +98,27 @@ def mask_seconds(guides: GuideFactory, spec: GuideSpec, batch: int, steps: int =
     return (time.perf_counter() - start) / steps
 
 
+def walk_seconds(guides: GuideFactory, spec: GuideSpec, batch: int, tokens: list[int], repeats: int = 5
+                 ) -> list[float]:
+    """The mask thread's time for `batch` guides at each step of a valid answer (`tokens`), the fastest of
+    `repeats` walks (a shared machine's noise only adds): inside a free string most of the vocabulary is
+    allowed, the costly case, which the first mask (only '{"' allowed) does not show."""
+    positions = np.arange(batch, dtype=np.int32)
+    best = [float("inf")] * len(tokens)
+    for _ in range(repeats):
+        gs = [guides.guide(spec) for _ in range(batch)]
+        for step, token in enumerate(tokens):
+            start = time.perf_counter()
+            guides.masks(gs, positions).bits()
+            best[step] = min(best[step], time.perf_counter() - start)
+            for guide in gs:
+                guide.consume(token)
+    return best
+
+
 def sample_answer() -> dict[str, object]:
-    """An answer the schema accepts."""
-    values = {"string": "x", "integer": 1, "number": 1.5, "boolean": True}
+    """An answer the schema accepts, its strings a few words each."""
+    values = {"string": "a few words here", "integer": 12, "number": 1.5, "boolean": True}
     return {field: values[kind] for field, kind in zip(FIELDS, TYPES, strict=True)}
 
 
@@ -126,8 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", help="a GGUF file (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--chat-template", help="a Jinja file replacing the model's chat template")
     args = parser.parse_args(argv)
-    model = load_model()
+    model = load_model(files=open_model(args.model, args.chat_template)[1])
+    print(f"{model.files.path.name}: vocabulary {model.files.config.vocab_size} tokens")
     backend = NumpyBackend(model)
     kv = PagedKVCacheManager(args.batch * 24, BLOCK)
     backend.init_cache(kv.num_blocks, BLOCK)
@@ -148,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
           f"(target under 10 %)")
     print(f"mask thread alone, {args.batch} guides: {mask_seconds(guides, spec, args.batch) * 1e3:.2f} ms per step")
     answer = model.files.tokenizer.encode(json.dumps(sample_answer(), separators=(", ", ": ")))
+    for batch in sorted({1, args.batch}):
+        walk = walk_seconds(guides, spec, batch, answer)
+        print(f"mask thread along an answer ({len(answer)} steps), {batch} guides: p50 {pct(walk, 0.5) * 1e3:.2f} ms, "
+              f"p90 {pct(walk, 0.9) * 1e3:.2f} ms, max {max(walk) * 1e3:.2f} ms per step")
     parts = part_seconds(guides, spec, args.batch, model.files.config.vocab_size, answer)
     print("the grammar's own work per step: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in parts.items()))
     guides.close()
