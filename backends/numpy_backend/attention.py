@@ -6,23 +6,23 @@ reference: the backend normally runs the C kernel in native/paged_attention.c, w
 place. Prefill chunks, at most a few per step, are attended one sequence at a time with a causal mask offset
 by the cached prefix (BLAS matmuls); that too is the reference for the C chunk kernel in
 native/chunk_attention.h, which gathers the sequence's blocks and attends tiles of query tokens. A sliding
-layer's query attends to the last `window` positions up to its own only; the C kernels read whole contexts, so
-such a layer runs these references.
+layer's query attends to the last `window` positions up to its own only, in these references and in the C
+kernels alike: paged_attention hands the layer's window to whichever it was given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-# (q, k_cache, v_cache, block_tables, context_lens) -> out: decode_attention below, or the C kernel's binding
-DecodeAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-# (q, k_cache, v_cache, block_table, context_len) -> out for one sequence's chunk: prefill_attention below, or
-# the C kernel's binding
-ChunkAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+# (q, k_cache, v_cache, block_tables, context_lens, window) -> out: decode_attention below, or the C kernel's
+# binding
+DecodeAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+# (q, k_cache, v_cache, block_table, context_len, window) -> out for one sequence's chunk: prefill_attention
+# below, or the C kernel's binding
+ChunkAttention = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int], np.ndarray]
 
 NEG_INF = np.float32(-np.inf)
 
@@ -98,18 +98,16 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, lay
                     decode: DecodeAttention = decode_attention,
                     chunk: ChunkAttention = prefill_attention, window: int = 0) -> np.ndarray:
     """Attention for every query token of a step, q (T, heads, d) -> (T, heads, d); window > 0: a sliding
-    layer's (the references: the C kernels read whole contexts)."""
-    if window:
-        decode, chunk = partial(decode_attention, window=window), partial(prefill_attention, window=window)
+    layer's."""
     if layout.all_decode:  # the common step: no row gathering
-        return decode(q, k_cache, v_cache, block_tables, context_lens)
+        return decode(q, k_cache, v_cache, block_tables, context_lens, window)
     out = np.empty_like(q)
     if layout.decode_rows.size:
         seqs = layout.decode_seqs
         out[layout.decode_rows] = decode(
-            q[layout.decode_rows], k_cache, v_cache, block_tables[seqs], context_lens[seqs]
+            q[layout.decode_rows], k_cache, v_cache, block_tables[seqs], context_lens[seqs], window
         )
     for b in layout.prefill_seqs:
         rows = slice(int(query_start[b]), int(query_start[b + 1]))
-        out[rows] = chunk(q[rows], k_cache, v_cache, block_tables[b], int(context_lens[b]))
+        out[rows] = chunk(q[rows], k_cache, v_cache, block_tables[b], int(context_lens[b]), window)
     return out

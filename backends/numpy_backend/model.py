@@ -79,9 +79,10 @@ class DecoderForward:
             tables, lengths = tables[seq_of_token], batch.positions + 1
             seq_first = batch.query_start[seq_of_token]
         half = self.config.head_dim // 2
-        cos, sin = step.angles[self.config.rope_theta]
+        (cos, sin), local = step.angles[self.config.rope_theta], step.angles.get(self.config.arch.local_rope_base)
+        local_angles = None if local is None else (local[0].reshape(-1, half), local[1].reshape(-1, half))
         self.fused_step.run(x, cache, cos.reshape(-1, half), sin.reshape(-1, half), batch.slot_mapping, tables,
-                            lengths, seq_first)
+                            lengths, seq_first, local_angles)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""

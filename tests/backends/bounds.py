@@ -38,3 +38,22 @@ def attention_bound(q: np.ndarray, k: np.ndarray, weighted: np.ndarray, context:
     score_size = dim**-0.5 * np.abs(q.astype(np.float64)).sum(axis=-1, keepdims=True) * np.abs(k).max()
     kappa = (-(-dim // lanes) + 6) * score_size + 4
     return U * (context + 4 + 2 * kappa) * weighted
+
+
+def forward_bound(layers: int, hidden: int, ffn: int, q_width: int, head_dim: int, context: int, qk_gain: float,
+                  magnitude: float) -> float:
+    """First-order error bound of a float32 decoder forward's outputs (logits or K/V) of size up to `magnitude`,
+    between two implementations that each round in float32 (twice one's error), for models whose QK norms bound
+    the scores: the float32 roundings along the longest chain any output passes through, times U, relative to
+    its size. Per layer, each projection's dot_bound steps (inner width / 8 + 5), each RMSNorm's (width / 8 + 6:
+    its sum of squares, the square root, the division and the weight), and attention_bound's context + 4 + 2
+    kappa, with scores at most head_dim * qk_gain (a normed head's entries are at most sqrt(head_dim) times its
+    weight, qk_gain the product of the Q and K norm weights' largest); then the final norm and the head. The
+    RMSNorms scale each layer's input to the same size, so a relative error passes through them unamplified to
+    first order."""
+    projections = sum(width // 8 + 5 for width in (hidden, q_width, hidden, ffn))
+    norms = 4 * (hidden // 8 + 6) + (head_dim // 8 + 6)
+    kappa = (-(-head_dim // 16) + 6) * head_dim * qk_gain + 4
+    per_layer = projections + norms + context + 4 + 2 * kappa
+    steps = layers * per_layer + (hidden // 8 + 6) + (hidden // 8 + 5)
+    return 2 * steps * U * magnitude

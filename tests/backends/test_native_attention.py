@@ -90,6 +90,48 @@ def test_chunk_matches_the_prefill_reference(tier: CpuTier, cache_dir: Path, hea
     assert_within(out, ref, attention_bound(q, k, weighted, context))
 
 
+WINDOWS = [1, 5, 8, 16, 100]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 256), (5, 5, 8)])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("parallel_min_tokens", [0, 1 << 40])
+def test_a_sliding_layers_decode_matches_the_reference(tier: CpuTier, cache_dir: Path, heads: int, kv_heads: int,
+                                                       dim: int, block_size: int, parallel_min_tokens: int) -> None:
+    """Each query over the last `window` positions: windows shorter and longer than the context, starting inside
+    a block and on a block's edge, in a batch of sequences (the next one's keys prefetched from its window)."""
+    attention = NativeAttention(parallel_min_tokens, cache_dir, tier)
+    for window in WINDOWS:
+        rng = np.random.default_rng(window * 100 + dim + block_size)
+        lens = [1, window - 1 or 1, window, window + 1, 17, 100, 257]
+        q, k, v, tables, ctx = paged_problem(rng, lens, heads, kv_heads, dim, block_size)
+        out = attention.decode(q, k, v, tables, ctx, window)
+        tables = np.maximum(tables, 0)
+        ref, weighted = (decode_attention(*as_float64(q, k, values), tables, ctx, window) for values in (v, np.abs(v)))
+        # attention_bound over the keys a query sees: at most `window`
+        assert_within(out, ref, attention_bound(q, k, weighted, min(window, max(lens))))
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 1, 256)])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize(("chunk", "context"), [(1, 1), (7, 7), (40, 40), (33, 290)])
+def test_a_sliding_layers_chunk_matches_the_prefill_reference(tier: CpuTier, cache_dir: Path, heads: int,
+                                                              kv_heads: int, dim: int, block_size: int, chunk: int,
+                                                              context: int) -> None:
+    """A chunk's queries each over their own window: windows inside one tile, across tiles, longer than the
+    context; the gathered positions start at the first query's window (inside a block)."""
+    attention = NativeAttention(0, cache_dir, tier)
+    for window in WINDOWS:
+        rng = np.random.default_rng(chunk * 1000 + context + dim + window)
+        q, k, v, tables, _ = paged_problem(rng, [context], heads, kv_heads, dim, block_size)
+        q = rng.standard_normal((chunk, heads, dim), dtype=np.float32) * 3
+        out = attention.chunk(q, k, v, tables[0], context, window)
+        table = np.maximum(tables[0], 0)
+        ref, weighted = (prefill_attention(*as_float64(q, k, values), table, context, window)
+                         for values in (v, np.abs(v)))
+        assert_within(out, ref, attention_bound(q, k, weighted, min(window, context)))
+
+
 def test_chunk_refusals(tier: CpuTier, cache_dir: Path) -> None:
     """A chunk longer than its context, a context past its table, a block outside the cache: errors, no read."""
     q, k, v, tables, _ = paged_problem(np.random.default_rng(3), [8], 9, 3, 64, 4)

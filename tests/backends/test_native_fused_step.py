@@ -1,6 +1,6 @@
 """The fused C step (native/fused_step.c) against the NumPy forward it replaces for small steps (decode tokens
 and short prefill chunks): the logits, the K/V it writes to the paged cache, batch invariance, and the checks
-that guard the cache."""
+that guard the cache; for Llama's layer and for Gemma 3's (a tiny random one, and the real 270M model)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.fused_step import STORED_MAX_ROWS, NativeFusedStep
+from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
-from tests.backends.tiny_gguf import TinyShape, write_tiny_llama
+from tests.backends.bounds import forward_bound
+from tests.backends.tiny_gguf import TinyShape, write_tiny_gemma3, write_tiny_llama
+from tests.gemma3 import gemma3_path
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 TOL = 1e-4  # the K/V: float32 summation order only, as the paged-forward tests
@@ -297,3 +300,97 @@ def test_stored_weights_take_steps_of_up_to_512_tokens(model: LoadedModel, store
     calls = pair.fused_calls(monkeypatch)
     assert_same_step(pair, pair.step_batch(prefixes, chunks))
     assert calls == [sum(chunks)]
+
+
+# --- Gemma 3's layer ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """7 layers (the sixth global), window 8, 4 query heads of 32 over 1 kv head, hidden 64."""
+    return load_model(write_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf"))
+
+
+def gemma3_bound(model: LoadedModel, context: int, magnitude: float) -> float:
+    """forward_bound for this model's shape, `context` the longest context a global layer attends to."""
+    c, layers = model.config, model.weights.layers
+    gain = max(float(np.abs(layer.q_norm).max() * np.abs(layer.k_norm).max())  # type: ignore[arg-type]
+               for layer in layers)
+    return forward_bound(c.num_layers, c.hidden_size, c.intermediate_size, c.q_size, c.head_dim, context, gain,
+                         magnitude)
+
+
+def assert_step_within_bound(pair: Pair, model: LoadedModel, batch: StepBatch) -> None:
+    """Logits and every layer's K/V within gemma3_bound of the NumPy forward's."""
+    fused, reference = pair.fused.compute_logits(batch), pair.reference.compute_logits(batch)
+    context = int(batch.context_lens.max())
+    np.testing.assert_allclose(fused, reference, rtol=0, atol=gemma3_bound(model, context, np.abs(reference).max()))
+    for name in ("keys", "values"):
+        for mine, theirs in zip(getattr(pair.fused.cache, name), getattr(pair.reference.cache, name), strict=True):
+            theirs = theirs.astype(np.float32)
+            np.testing.assert_allclose(mine.astype(np.float32), theirs, rtol=0,
+                                       atol=gemma3_bound(model, context, float(np.abs(theirs).max())))
+
+
+GEMMA3_STEPS = [([5, 30, 0, 9, 60], [1, 1, 1, 1, 1]), ([0], [20]), ([40, 17, 0, 3], [1, 7, 20, 1]),
+                ([3, 12, 7], [30, 1, 9])]
+GEMMA3_IDS = ["decodes", "a prompt past the window", "mixed", "chunks across the window"]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+@pytest.mark.parametrize(("prefixes", "chunks"), GEMMA3_STEPS, ids=GEMMA3_IDS)
+def test_gemma3_layers_match_the_numpy_forward(tiny_gemma3: LoadedModel, monkeypatch: pytest.MonkeyPatch,
+                                               tier: CpuTier, prefixes: list[int], chunks: list[int],
+                                               kv_cache_dtype: str) -> None:
+    """QK norms, sandwich norms, GeGLU, RoPE over head halves at two bases, and windows of 8 that decodes and
+    chunks (one starting inside a window, one spanning several) outgrow: one C call, on every tier."""
+    assert NativeFusedStep.supports(tiny_gemma3.config, tiny_gemma3.weights)
+    pair = Pair(tiny_gemma3, 256, 4, kv_cache_dtype=kv_cache_dtype, tier=tier)
+    calls = pair.fused_calls(monkeypatch)
+    batch = pair.step_batch(prefixes, chunks)
+    if kv_cache_dtype == "float16":  # a K/V value near a float16 rounding tie: HALF_TOLERANCES' reasoning
+        assert_same_step(pair, batch)
+    else:
+        assert_step_within_bound(pair, tiny_gemma3, batch)
+    assert calls == [sum(chunks)]
+
+
+def test_gemma3_per_layer_path_runs_the_c_windows(tiny_gemma3: LoadedModel, monkeypatch: pytest.MonkeyPatch,
+                                                  tier: CpuTier) -> None:
+    """Past the fused step's rows: the per-layer path, its sliding layers by the C kernels with their window."""
+    pair = Pair(tiny_gemma3, 256, 4, tier=tier)
+    calls = pair.fused_calls(monkeypatch)
+    assert getattr(pair.fused.forward.chunk_attention, "__self__", None).__class__ is NativeAttention
+    assert_step_within_bound(pair, tiny_gemma3, pair.step_batch([0, 3, 50], [70, 1, 1]))
+    assert calls == []
+
+
+def test_the_tiny_gemma3s_windows_matter(tiny_gemma3: LoadedModel) -> None:
+    """Its logits with the window lifted move by far more than the bound: the tests above would catch a C
+    window that reads too much or too little."""
+    pair = Pair(tiny_gemma3, 256, 4)
+    batch = pair.step_batch([40], [1])
+    windowed = pair.reference.compute_logits(batch)
+    files = tiny_gemma3.files
+    lifted = replace(tiny_gemma3, files=replace(files, config=replace(files.config, sliding_window=0)))
+    whole = NumpyBackend(lifted, "numpy")
+    whole.init_cache(256, 4)
+    for mine, theirs in zip((*whole.cache.keys, *whole.cache.values),
+                            (*pair.fused.cache.keys, *pair.fused.cache.values), strict=True):
+        mine[...] = theirs
+    assert np.abs(whole.compute_logits(batch) - windowed).max() > 100 * gemma3_bound(tiny_gemma3, 41, 30.0)
+
+
+@pytest.fixture(scope="module")
+def gemma3() -> LoadedModel:
+    return load_model(gemma3_path(), stored=STORED_TYPES)
+
+
+def test_gemma3_270m_takes_the_fused_step(gemma3: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real model (its K-quant layers as stored): the fused step is chosen, and a step of decodes beside a
+    prompt chunk past its 512-token window runs in one call, within the bound of the NumPy forward."""
+    assert NativeFusedStep.supports(gemma3.config, gemma3.weights)
+    pair = Pair(gemma3, 96, 16)
+    calls = pair.fused_calls(monkeypatch)
+    assert_step_within_bound(pair, gemma3, pair.step_batch([600, 5, 0], [1, 1, 40]))
+    assert calls == [42]

@@ -1,4 +1,5 @@
-"""Write small Llama-architecture GGUF files for tests: random weights in the quantization types we load."""
+"""Write small GGUF files for tests: random weights in the quantization types we load, of Llama's architecture or
+Gemma 3's (its QK and sandwich norms, sliding layers with their own window and RoPE base)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+
+from backends.model.architecture import ARCHITECTURES
 
 TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *[chr(c) for c in range(ord("a"), ord("z") + 1)], "Ġ",
           "ab", "Ġa"]
@@ -23,10 +26,17 @@ class TinyShape:
     ffn: int = 128
     context: int = 256
     weight_scale: float = 0.2
+    head_size: int = 0  # 0: hidden / heads
+    sliding_window: int = 0  # the sliding layers' (architectures with them)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+
+# Gemma 3's shape in small: 4 query heads over 1 kv head, heads wider than hidden / heads (Q is 128 wide, hidden
+# 64), 7 layers of which the sixth is global, a window of 8 that short prompts outgrow.
+GEMMA3_SHAPE = TinyShape(layers=7, heads=4, kv_heads=1, head_size=32, sliding_window=8)
 
 
 def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0,
@@ -37,23 +47,36 @@ def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, s
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     _metadata(writer, shape)
-    hidden, ffn, kv = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim
+    hidden, ffn, kv, q = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
     _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)),
             types.get("token_embd.weight", weight_type))
     _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
     for i in range(shape.layers):
-        for name, dims in (("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
-                           ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+        for name, dims in (("attn_q", (q, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                           ("attn_output", (hidden, q)), ("ffn_gate", (ffn, hidden)),
                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))):
             tensor = f"blk.{i}.{name}.weight"
             _tensor(writer, tensor, rng.normal(0, shape.weight_scale, dims), types.get(tensor, weight_type))
-        for name in ("attn_norm", "ffn_norm"):
-            _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, hidden), Q.F32)
+        for name, width in _norms(arch, shape):
+            _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, width), Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_gemma3(path: Path, weight_type: Q = Q.Q8_0, seed: int = 0, shape: TinyShape = GEMMA3_SHAPE) -> Path:
+    return write_tiny_llama(path, "gemma3", weight_type, seed, shape)
+
+
+def _norms(arch: str, shape: TinyShape) -> list[tuple[str, int]]:
+    """A layer's norm tensors and their widths, as the architecture has them."""
+    family = ARCHITECTURES[arch]
+    return ([("attn_norm", shape.hidden), ("ffn_norm", shape.hidden)]
+            + ([("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim)] if family.qk_norm else [])
+            + ([("post_attention_norm", shape.hidden), ("post_ffw_norm", shape.hidden)]
+               if family.sandwich_norms else []))
 
 
 def _metadata(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
@@ -64,7 +87,12 @@ def _metadata(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_dimension_count(shape.head_dim)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(1e6 if shape.sliding_window else 10000.0)  # the global layers' (Gemma 3's 1e6)
+    if shape.head_size:
+        writer.add_key_length(shape.head_size)
+        writer.add_value_length(shape.head_size)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(len(TOKENS))
     writer.add_tokenizer_model("gpt2")

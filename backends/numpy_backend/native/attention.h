@@ -10,6 +10,9 @@
  *
  * Softmax is exact and two-pass (scores first, then exp and the weighted sum), in float32 with the max
  * subtracted, matching the reference to float32 rounding.
+ *
+ * A sliding layer (window > 0) attends to the last `window` positions only: its rows start at the window's first
+ * position, inside some block of the table (the cursor's skip), and nothing before it is read.
  */
 #ifndef PAGEDSERVE_ATTENTION_H
 #define PAGEDSERVE_ATTENTION_H
@@ -29,6 +32,8 @@ typedef struct {
     float scale;
     int64_t kv_first, kv_count; /* the kv heads (and their query heads) to attend: 0, 0 means all */
     int64_t kv_half;            /* 1: the cache holds float16, 0: float32 */
+    int64_t window;             /* a query at position p sees p - window + 1 .. p; 0: the whole context */
+    int64_t skip;               /* the sequence's rows before its first attended one in its table's first block */
 } DecodeShape;
 
 #define INLINE static inline __attribute__((always_inline))
@@ -176,10 +181,16 @@ typedef struct {
 /* Bytes of one token's cached row (every kv head). */
 INLINE int64_t row_bytes(const DecodeShape *s, int half) { return s->kv_heads * s->head_dim * kv_bytes(half); }
 
+/* A cursor over ctx rows from row `skip` of the table's first block. */
+INLINE RowCursor cursor_at(const DecodeShape *s, const void *layer, const int32_t *table, int64_t skip, int64_t ctx,
+                           int prefetch, int half) {
+    const int64_t blocks = (skip + ctx + s->block_size - 1) / s->block_size;
+    return (RowCursor){layer, table, 0, skip, blocks, s->block_size, row_bytes(s, half), prefetch};
+}
+
 INLINE RowCursor cursor_at_start(const DecodeShape *s, const void *layer, const int32_t *table, int64_t ctx,
                                  int prefetch, int half) {
-    const int64_t blocks = (ctx + s->block_size - 1) / s->block_size;
-    return (RowCursor){layer, table, 0, 0, blocks, s->block_size, row_bytes(s, half), prefetch};
+    return cursor_at(s, layer, table, s->skip, ctx, prefetch, half);
 }
 
 INLINE const char *cursor_next(RowCursor *c) {
@@ -365,7 +376,7 @@ typedef struct {
     vec8 *q, *acc;
     const void *ahead_keys;
     const int32_t *ahead_table;
-    int64_t ahead_ctx;
+    int64_t ahead_skip, ahead_ctx;
 } Scratch;
 
 static int scratch_alloc(Scratch *w, int64_t heads, int64_t head_dim, int64_t max_ctx) {
@@ -373,7 +384,7 @@ static int scratch_alloc(Scratch *w, int64_t heads, int64_t head_dim, int64_t ma
     w->q = malloc(sizeof(float) * (size_t)(2 * heads * head_dim));
     w->inv_sums = w->scores ? w->scores + heads * max_ctx : NULL;
     w->acc = w->q ? w->q + heads * head_dim / LANES : NULL;
-    w->ahead_keys = NULL, w->ahead_table = NULL, w->ahead_ctx = 0;
+    w->ahead_keys = NULL, w->ahead_table = NULL, w->ahead_skip = 0, w->ahead_ctx = 0;
     return w->scores != NULL && w->q != NULL;
 }
 
@@ -386,7 +397,7 @@ static void scratch_free(Scratch *w) {
  * constant) arguments. */
 INLINE void attend_core(const DecodeShape *s, const void *k_layer, const void *v_layer, const int32_t *table,
                         int64_t ctx, int64_t group, int64_t chunks, int half, Scratch *w) {
-    RowCursor ahead = cursor_at_start(s, w->ahead_keys, w->ahead_table, w->ahead_ctx, 0, half);
+    RowCursor ahead = cursor_at(s, w->ahead_keys, w->ahead_table, w->ahead_skip, w->ahead_ctx, 0, half);
     sequence_scores(s, w->q, k_layer, table, ctx, group, chunks, w->scores, v_layer, half);
     softmax_rows(w->scores, kv_first(s) * group, kv_end(s) * group, ctx, w->inv_sums);
     sequence_values(s, v_layer, table, ctx, group, chunks, w->scores, w->acc, &ahead, w->ahead_ctx, half);
@@ -410,18 +421,40 @@ static void attend_dispatch(const DecodeShape *s, const void *k_layer, const voi
 /* Prefetches the whole first block of a sequence's K rows (up to ctx of them): the hardware prefetcher
  * has nothing to go on at a sequence's start, and each start would otherwise wait on memory line by line. */
 static void prefetch_first_block(const DecodeShape *s, const void *layer, const int32_t *table, int64_t ctx) {
-    const int64_t rows = ctx < s->block_size ? ctx : s->block_size, row = row_bytes(s, (int)s->kv_half);
-    const char *first = (const char *)layer + (int64_t)table[0] * s->block_size * row;
+    const int64_t left = s->block_size - s->skip, rows = ctx < left ? ctx : left, row = row_bytes(s, (int)s->kv_half);
+    const char *first = (const char *)layer + ((int64_t)table[0] * s->block_size + s->skip) * row;
     for (int64_t byte = 0; byte < rows * row; byte += 64) __builtin_prefetch(first + byte, 0, PREFETCH_LOCALITY);
 }
 
-static void attend_sequence(const DecodeShape *s, const float *q, const void *k_layer, const void *v_layer,
-                            const int32_t *table, int64_t ctx, float *out, Scratch *w) {
-    const int64_t width = s->heads * s->head_dim;
-    if (ctx <= 0) {
+/* The first position a query at `position` sees through a window (0: all of them). */
+static inline int64_t window_first(int64_t position, int64_t window) {
+    return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+}
+
+typedef struct { /* the rows a decode query attends: from row `skip` of table[0], ctx of them */
+    const int32_t *table;
+    int64_t skip, ctx;
+} Span;
+
+/* The span of a query attending to a sequence of ctx positions (itself the last) through s's window. */
+static inline Span window_span(const DecodeShape *s, const int32_t *table, int64_t ctx) {
+    const int64_t first = ctx > 0 ? window_first(ctx - 1, s->window) : 0;
+    return (Span){table + first / s->block_size, first % s->block_size, ctx - first};
+}
+
+static void attend_sequence(const DecodeShape *shape, const float *q, const void *k_layer, const void *v_layer,
+                            const int32_t *whole_table, int64_t whole_ctx, float *out, Scratch *w) {
+    const int64_t width = shape->heads * shape->head_dim;
+    if (whole_ctx <= 0) {
         for (int64_t i = 0; i < width; i++) out[i] = 0.0f;
         return;
     }
+    const Span span = window_span(shape, whole_table, whole_ctx);
+    DecodeShape windowed = *shape;
+    windowed.skip = span.skip;
+    const DecodeShape *s = &windowed;
+    const int32_t *table = span.table;
+    const int64_t ctx = span.ctx;
     prefetch_first_block(s, k_layer, table, ctx); /* the values are prefetched with the keys */
     /* q in and the output out a vector at a time: element by element they took 3 % of a batch-64 attention */
     for (int64_t c = 0; c < width / LANES; c++) w->q[c] = *(const vec8 *)(q + c * LANES);
@@ -458,9 +491,10 @@ static void attend_claimed(const DecodeShape *s, const float *q, int64_t q_strid
         const int64_t index = next / split, r = row_of(which, index), part = next % split;
         next = claim_row(counter);
         const int64_t ahead = next < rows * split && next / split != index ? row_of(which, next / split) : -1;
+        const Span next_span = ahead >= 0 ? window_span(s, tables + ahead * s->table_stride, lens[ahead])
+                                          : (Span){NULL, 0, 0};
         w->ahead_keys = k_layer;
-        w->ahead_table = ahead >= 0 ? tables + ahead * s->table_stride : NULL;
-        w->ahead_ctx = ahead >= 0 ? lens[ahead] : 0;
+        w->ahead_table = next_span.table, w->ahead_skip = next_span.skip, w->ahead_ctx = next_span.ctx;
         DecodeShape piece = *s;
         piece.kv_first = part * s->kv_heads / split;
         piece.kv_count = (part + 1) * s->kv_heads / split - piece.kv_first;

@@ -10,6 +10,10 @@
  * its last token sees (rounded up to 8). Running the chunk's tokens as rows of the decode kernel instead read the
  * whole context once per token.
  *
+ * A sliding layer's chunk (window > 0) gathers only the positions from its first query's window on, and each tile
+ * reads the keys from its first token's window start (rounded down to 8) to its last token; each row's softmax
+ * runs over its own window.
+ *
  * The reference is attention.prefill_attention (NumPy: a masked score matrix per head and BLAS matmuls).
  */
 #ifndef PAGEDSERVE_CHUNK_ATTENTION_H
@@ -27,13 +31,23 @@
 
 typedef struct {
     int64_t n, context, heads, kv_heads, head_dim, group;
-    int64_t padded; /* context rounded up to 8: the key and value buffers' rows, zero past context */
+    int64_t padded; /* context - base rounded up to 8: the key and value buffers' rows, zero past context */
     float scale;
     int64_t q_stride; /* floats from one token's queries to the next's (heads * head_dim when packed) */
     int64_t kv_half;  /* 1: the cache holds float16, 0: float32 */
+    int64_t window;   /* a query at position p sees p - window + 1 .. p; 0: every position up to p */
+    int64_t base;     /* the first position gathered: the chunk's first query's window start */
 } ChunkShape;
 
 static int64_t round_up8(int64_t x) { return (x + LANES - 1) / LANES * LANES; }
+
+/* The shape of a chunk of n queries, the last of `context` positions, attending through `window`. */
+static ChunkShape chunk_geometry(int64_t n, int64_t context, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                 float scale, int64_t q_stride, int64_t kv_half, int64_t window) {
+    const int64_t base = window_first(context - n, window);
+    return (ChunkShape){n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context - base), scale,
+                        q_stride, kv_half, window, base};
+}
 
 /* dst (n floats, a multiple of 8) = n cached values at src, float32 or float16. */
 static void copy_cached(float *dst, const char *src, int64_t n, int64_t half) {
@@ -41,7 +55,8 @@ static void copy_cached(float *dst, const char *src, int64_t n, int64_t half) {
     else memcpy(dst, src, sizeof(float) * (size_t)n);
 }
 
-/* keys and values (kv_heads, padded, head_dim): every kv head's rows in position order, zero past context. */
+/* keys and values (kv_heads, padded, head_dim): every kv head's rows in position order from base, zero past
+ * context. */
 static void gather_kv(const ChunkShape *c, const void *k_layer, const void *v_layer, const int32_t *table,
                       int64_t block_size, float *keys, float *values) {
     const int64_t value_bytes = kv_bytes((int)c->kv_half), row = c->kv_heads * c->head_dim * value_bytes;
@@ -50,11 +65,12 @@ static void gather_kv(const ChunkShape *c, const void *k_layer, const void *v_la
     for (int64_t t = 0; t < c->padded; t++)
         for (int64_t h = 0; h < c->kv_heads; h++) {
             float *k = keys + (h * c->padded + t) * c->head_dim, *v = values + (h * c->padded + t) * c->head_dim;
-            if (t >= c->context) {
+            const int64_t position = c->base + t;
+            if (position >= c->context) {
                 memset(k, 0, (size_t)bytes), memset(v, 0, (size_t)bytes);
                 continue;
             }
-            const int64_t at = ((int64_t)table[t / block_size] * block_size + t % block_size) * row
+            const int64_t at = ((int64_t)table[position / block_size] * block_size + position % block_size) * row
                                + h * c->head_dim * value_bytes;
             copy_cached(k, (const char *)k_layer + at, c->head_dim, c->kv_half);
             copy_cached(v, (const char *)v_layer + at, c->head_dim, c->kv_half);
@@ -146,13 +162,17 @@ static int64_t load_tile_queries(const ChunkShape *c, const float *q, int64_t kv
     return tokens * c->group;
 }
 
-/* Each row's scores (row stride span) -> exp(score - max) over the positions its token sees, 0 past them. */
-static void causal_softmax(const ChunkShape *c, int64_t first, int64_t rows, int64_t span, ChunkScratch *w) {
+/* Each row's scores (row stride span, from gathered row lo) -> exp(score - max) over the positions its token
+ * sees, 0 outside them. */
+static void causal_softmax(const ChunkShape *c, int64_t first, int64_t rows, int64_t lo, int64_t span,
+                           ChunkScratch *w) {
     const int64_t start = c->context - c->n; /* the position of the chunk's first token */
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t seen = start + first + r / c->group + 1;
+        const int64_t position = start + first + r / c->group, offset = c->base + lo;
+        const int64_t from = window_first(position, c->window) - offset, seen = position + 1 - offset;
         float *scores = w->scores + r * span;
-        w->inv_sums[r] = 1.0f / exp_and_sum(scores, seen);
+        for (int64_t t = 0; t < from; t++) scores[t] = 0.0f;
+        w->inv_sums[r] = 1.0f / exp_and_sum(scores + from, seen - from);
         for (int64_t t = seen; t < span; t++) scores[t] = 0.0f;
     }
 }
@@ -161,10 +181,14 @@ static void causal_softmax(const ChunkShape *c, int64_t first, int64_t rows, int
 static void chunk_tile(const ChunkShape *c, const float *q, int64_t h, int64_t tile, const float *keys,
                        const float *values, float *out, ChunkScratch *w) {
     const int64_t first = tile * CHUNK_TILE, rows = load_tile_queries(c, q, h, first, w);
-    const int64_t span = round_up8(c->context - c->n + first + rows / c->group); /* keys its last token sees */
-    const float *k = keys + h * c->padded * c->head_dim, *v = values + h * c->padded * c->head_dim;
+    const int64_t start = c->context - c->n + first; /* the tile's first token's position */
+    /* the gathered rows its tokens see: from its first token's window start (down to a multiple of 8, so that lo +
+     * span stays within padded) up to its last token */
+    const int64_t lo = (window_first(start, c->window) - c->base) / LANES * LANES;
+    const int64_t span = round_up8(start + rows / c->group - c->base - lo);
+    const float *k = keys + (h * c->padded + lo) * c->head_dim, *v = values + (h * c->padded + lo) * c->head_dim;
     project_rest(w->q, k, w->scores, rows, c->head_dim, span, 0, 0, 1);
-    causal_softmax(c, first, rows, span, w);
+    causal_softmax(c, first, rows, lo, span, w);
     weighted_rows(w->scores, span, v, span, c->head_dim, w->o, rows);
     for (int64_t r = 0; r < rows; r++) {
         float *dst = out + ((first + r / c->group) * c->heads + h * c->group + r % c->group) * c->head_dim;

@@ -1,8 +1,9 @@
 """ctypes binding of fused_step.c: a whole small step (every layer) in one C call.
 
 Used for steps of up to `max_rows` tokens: decode tokens and prefill chunks, each token a row that attends to
-its sequence's cache up to its own position (a chunk's rows together). Larger steps run the per-layer path in
-model.py."""
+its sequence's cache up to its own position (a chunk's rows together; a sliding layer's rows to their window).
+Larger steps run the per-layer path in model.py. The layer is the model's Architecture, handed to C as data:
+its RoPE pairs and activation as flags, its optional norms as pointers, each layer's window and RoPE table."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from backends.model.architecture import unsupported_by
 from backends.model.config import ModelConfig
 from backends.model.quant import QuantMatrix
-from backends.model.weights import ModelWeights
+from backends.model.weights import LayerWeights, ModelWeights
 from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.native.arrays import c_array, is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
@@ -27,6 +29,10 @@ _ERRORS = {-1: "out of memory", -2: "unsupported model shape", -3: "context leng
            -5: "KV slot or block outside the cache"}
 STAGES = ("projections", "attention", "other")  # fused_step.c's TIME_* order
 _NORMS = ("attn_norm", "ffn_norm")
+_OPTIONAL_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # None where the architecture has none
+# Architecture.features that fused_step.c computes (scaled embeddings before the call): all of them today.
+FEATURES = frozenset({"RoPE over head halves", "GeGLU", "scaled embeddings", "QK norm",
+                      "norms after attention and MLP", "sliding-window layers"})
 # With every layer matrix kept as stored, steps of up to this many tokens run fused: its exact kernels prefill
 # 512 tokens faster than the per-layer path, which writes a float32 copy of each matrix for BLAS first
 # (docs/PERFORMANCE.md). With float32 matrices BLAS needs no copy, and steps past MAX_ROWS go to it.
@@ -36,17 +42,20 @@ _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 class _ModelShape(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                          "block_size", "num_blocks", "kv_half")] + [("eps", ctypes.c_float)]
+                                          "block_size", "num_blocks", "kv_half", "rope_halves", "gelu")] + [
+        ("eps", ctypes.c_float)]
 
 
 class _LayerRefs(ctypes.Structure):
     _fields_ = [(name, _P) for name in _NORMS] + [(name, CWeights) for name in _MATRICES] + [
-        ("keys", _P), ("values", _P)]
+        ("keys", _P), ("values", _P)] + [(name, _P) for name in _OPTIONAL_NORMS] + [("window", _I64),
+                                                                                    ("local_rope", _I64)]
 
 
 class _StepRows(ctypes.Structure):
     _fields_ = [("rows", _I64), ("table_stride", _I64)] + [
-        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens", "seq_first")]
+        (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens", "seq_first", "local_cos",
+                                "local_sin")]
 
 
 class NativeFusedStep:
@@ -71,10 +80,11 @@ class NativeFusedStep:
 
     @staticmethod
     def supports(config: ModelConfig, weights: ModelWeights) -> bool:
-        """Llama's layer (no other architecture feature), the model's shape, and every layer matrix readable by
-        the projections as it is kept."""
-        return (not config.arch.features and config.head_dim % LANES == 0 and config.hidden_size % LANES == 0
-                and config.intermediate_size % LANES == 0 and config.num_heads % config.num_kv_heads == 0
+        """The architecture's features (FEATURES), the model's shape, and every layer matrix readable by the
+        projections as it is kept."""
+        return (not unsupported_by(config.arch, FEATURES) and config.head_dim % LANES == 0
+                and config.hidden_size % LANES == 0 and config.intermediate_size % LANES == 0
+                and config.num_heads % config.num_kv_heads == 0
                 and config.num_heads // config.num_kv_heads <= MAX_GROUP
                 and all(readable(getattr(layer, name)) for layer in weights.layers for name in _MATRICES))
 
@@ -82,11 +92,14 @@ class NativeFusedStep:
         return 0 < rows <= self.max_rows
 
     def run(self, x: np.ndarray, cache: PagedKVCache, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
-            block_tables: np.ndarray, context_lens: np.ndarray, seq_first: np.ndarray | None = None) -> None:
-        """x (rows, hidden) float32: token embeddings in, final hidden states out. Per row (token): cos, sin
-        (rows, head_dim/2) the angles of its position, its KV slot, its sequence's block table, how many
-        tokens it attends to (its position + 1), and the first row of its sequence (None: each row its own),
-        so that a chunk's rows, consecutive positions of one sequence, attend together."""
+            block_tables: np.ndarray, context_lens: np.ndarray, seq_first: np.ndarray | None = None,
+            local_angles: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """x (rows, hidden) float32: token embeddings (scaled where the architecture scales them) in, final
+        hidden states out. Per row (token): cos, sin (rows, head_dim/2) the angles of its position at rope_theta,
+        its KV slot, its sequence's block table, how many tokens it attends to (its position + 1), and the first
+        row of its sequence (None: each row its own), so that a chunk's rows, consecutive positions of one
+        sequence, attend together. local_angles: cos, sin at the sliding layers' RoPE base, where a layer's base
+        is not rope_theta."""
         _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
                  and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
         shape, layers = self._bind(cache)
@@ -98,12 +111,27 @@ class NativeFusedStep:
                  "one row each of cos and sin (head_dim / 2 wide), slots, tables and lengths")
         firsts = None if seq_first is None else c_array(seq_first, np.int32)  # alive until the call returns
         _require(firsts is None or firsts.shape == (len(x),), "one sequence start per row")
+        local = self._local_angles(local_angles, keep[0].shape)  # alive until the call returns
         rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep),
-                         None if firsts is None else firsts.ctypes.data)
+                         None if firsts is None else firsts.ctypes.data, *(a.ctypes.data for a in local))
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data,
                           self.last_seconds.ctypes.data, int(self.fast))
         if status != 0:
             raise (MemoryError if status == -1 else ValueError)(f"native fused step: {_ERRORS.get(status, status)}")
+
+    def _local_angles(self, angles: tuple[np.ndarray, np.ndarray] | None,
+                      shape: tuple[int, ...]) -> list[np.ndarray]:
+        """The local RoPE tables as C reads them; none where no layer uses them."""
+        if not any(self._local_rope(i) for i in range(self.config.num_layers)):
+            return []
+        _require(angles is not None, "the sliding layers' RoPE angles are missing")
+        assert angles is not None
+        local = [c_array(a, np.float32) for a in angles]
+        _require(all(a.shape == shape for a in local), "local angles shaped as cos and sin")
+        return local
+
+    def _local_rope(self, layer: int) -> bool:
+        return self.config.layer_rope_base(layer) != self.config.rope_theta
 
     def _bind(self, cache: PagedKVCache) -> tuple[_ModelShape, ctypes.Array[_LayerRefs]]:
         """The model shape and per-layer pointers for the cache's arrays, built again whenever any of them is
@@ -118,7 +146,8 @@ class NativeFusedStep:
         c = self.config
         return _ModelShape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
                            c.intermediate_size, cache.block_size, cache.num_blocks,
-                           kv_half(*cache.keys, *cache.values), c.rms_eps)
+                           kv_half(*cache.keys, *cache.values), c.arch.rope_pairs == "halves",
+                           c.arch.activation == "gelu_tanh", c.rms_eps)
 
     def _layer_refs(self, cache: PagedKVCache) -> ctypes.Array[_LayerRefs]:
         refs = (_LayerRefs * self.config.num_layers)()
@@ -128,8 +157,19 @@ class NativeFusedStep:
             _require(all(is_c_array(a, np.float32) for a in arrays[:2]) and all(readable(w) for w in matrices),
                      f"layer {i}: norms must be C-contiguous float32, matrices of a readable type")
             refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays[:2]), *(c_weights(w) for w in matrices),
-                                 *(a.ctypes.data for a in arrays[2:]))
+                                 *(a.ctypes.data for a in arrays[2:]), *self._optional_norms(i, layer),
+                                 self.config.layer_window(i), self._local_rope(i))
         return refs
+
+    def _optional_norms(self, index: int, layer: LayerWeights) -> list[int | None]:
+        """The addresses of the layer's QK and sandwich norms, None where it has none."""
+        c = self.config
+        widths = (c.head_dim, c.head_dim, c.hidden_size, c.hidden_size)
+        norms = [getattr(layer, name) for name in _OPTIONAL_NORMS]
+        _require(all(n is None or (is_c_array(n, np.float32) and n.shape == (width,))
+                     for n, width in zip(norms, widths, strict=True)),
+                 f"layer {index}: QK and sandwich norms must be C-contiguous float32 of head_dim and hidden")
+        return [None if n is None else n.ctypes.data for n in norms]
 
 
 def _require(condition: bool, message: str) -> None:

@@ -29,8 +29,8 @@ _CHUNK_ERRORS = {**_ERRORS, -3: "chunk longer than its context, or context outsi
 
 class NativeAttention:
     """Decode attention (`decode`) and a prefill chunk's attention (`chunk`), read straight from the paged
-    cache (paged_attention.c, chunk_attention.h). A call with at least `parallel_min_tokens` query-key pairs
-    is shared out among the kernels' OpenMP threads."""
+    cache (paged_attention.c, chunk_attention.h), over the whole context or a sliding layer's window. A call with
+    at least `parallel_min_tokens` query-key pairs is shared out among the kernels' OpenMP threads."""
 
     def __init__(self, parallel_min_tokens: int = PARALLEL_MIN_TOKENS, cache_dir: Path | None = None,
                  tier: CpuTier | None = None) -> None:
@@ -39,11 +39,11 @@ class NativeAttention:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", self.tier, cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64]
+        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64, _I64]
         self._chunk_fn = ctypes.CDLL(str(self.library_path)).chunk_attention_f32
         self._chunk_fn.restype = ctypes.c_int
         self._chunk_fn.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, *[_I64] * 4, ctypes.c_float, _I64,
-                                   _I64]
+                                   _I64, _I64]
         self.parallel_min_tokens = parallel_min_tokens
 
     @staticmethod
@@ -51,8 +51,9 @@ class NativeAttention:
         return head_dim % LANES == 0 and heads % kv_heads == 0 and heads // kv_heads <= MAX_GROUP
 
     def decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
-               context_lens: np.ndarray) -> np.ndarray:
-        """q (B, heads, d) for one token per sequence -> (B, heads, d); same contract as the NumPy reference."""
+               context_lens: np.ndarray, window: int = 0) -> np.ndarray:
+        """q (B, heads, d) for one token per sequence -> (B, heads, d); window > 0: over the last `window`
+        positions only. Same contract as the NumPy reference."""
         batch, heads, dim = q.shape
         _, block_size, kv_heads, cache_dim = k_cache.shape
         _check(np.issubdtype(block_tables.dtype, np.integer) and np.issubdtype(context_lens.dtype, np.integer),
@@ -63,15 +64,15 @@ class NativeAttention:
         out = np.empty((batch, heads, dim), np.float32)
         status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
                           lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
-                          dim**-0.5, batch, self.parallel_min_tokens, kv_half(k_cache, v_cache))
+                          dim**-0.5, batch, self.parallel_min_tokens, kv_half(k_cache, v_cache), window)
         _check_status(status, _ERRORS)
         return out
 
     def chunk(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_table: np.ndarray,
-              context_len: int) -> np.ndarray:
+              context_len: int, window: int = 0) -> np.ndarray:
         """One sequence's prefill chunk q (n, heads, d), the last n of its context_len positions (their K/V
-        already stored) -> (n, heads, d), each token attending up to its own position (chunk_attention.h).
-        Same contract as the NumPy reference."""
+        already stored) -> (n, heads, d), each token attending up to its own position (chunk_attention.h), and
+        with window > 0 to the last `window` positions up to it. Same contract as the NumPy reference."""
         n, heads, dim = q.shape
         num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
         _check(np.issubdtype(block_table.dtype, np.integer) and block_table.ndim == 1, "block table not 1-D ints")
@@ -82,7 +83,7 @@ class NativeAttention:
         out = np.empty((n, heads, dim), np.float32)
         status = self._chunk_fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, table.ctypes.data,
                                 table.shape[0], num_blocks, context_len, n, out.ctypes.data, heads, kv_heads, dim,
-                                block_size, dim**-0.5, self.parallel_min_tokens, kv_half(k_cache, v_cache))
+                                block_size, dim**-0.5, self.parallel_min_tokens, kv_half(k_cache, v_cache), window)
         _check_status(status, _CHUNK_ERRORS)
         return out
 

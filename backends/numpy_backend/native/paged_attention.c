@@ -1,7 +1,8 @@
 /* Decode attention over the paged KV cache, for the NumPy backend on the CPU: one call per layer.
  *
  * The reference is attention.decode_attention (NumPy); the per-sequence work is in attention.h, shared with
- * the fused step. The second entry point attends one sequence's prefill chunk (chunk_attention.h). */
+ * the fused step. The second entry point attends one sequence's prefill chunk (chunk_attention.h). Both take the
+ * layer's window: a query at position p sees p - window + 1 .. p (0: every position up to p). */
 #include "attention.h"
 #include "chunk_attention.h"
 
@@ -15,10 +16,11 @@
 int decode_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *block_tables,
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t block_size, int64_t table_stride, float scale, int64_t batch,
-                         int64_t parallel_min_tokens, int64_t kv_half) {
-    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP)
+                         int64_t parallel_min_tokens, int64_t kv_half, int64_t window) {
+    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP
+        || window < 0)
         return -2;
-    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale, 0, 0, kv_half != 0};
+    const DecodeShape s = {heads, kv_heads, head_dim, block_size, table_stride, scale, 0, 0, kv_half != 0, window, 0};
     int64_t total;
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
@@ -50,12 +52,13 @@ int decode_attention_f32(const float *q, const void *k_layer, const void *v_laye
 int chunk_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *table,
                         int64_t table_len, int64_t num_blocks, int64_t context, int64_t n, float *out,
                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                        int64_t parallel_min_pairs, int64_t kv_half) {
-    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0) return -2;
+                        int64_t parallel_min_pairs, int64_t kv_half, int64_t window) {
+    if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0 || window < 0)
+        return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
     if (!table_in_cache(table, context, block_size, num_blocks)) return -5;
-    const ChunkShape c = {n, context, heads, kv_heads, head_dim, heads / kv_heads, round_up8(context), scale,
-                          heads * head_dim, kv_half != 0};
+    const ChunkShape c = chunk_geometry(n, context, heads, kv_heads, head_dim, scale, heads * head_dim, kv_half != 0,
+                                        window);
     float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));
     if (keys == NULL) return -1;
     float *values = keys + kv_heads * c.padded * head_dim;

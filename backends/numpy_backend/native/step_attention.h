@@ -52,15 +52,15 @@ typedef struct { /* the chunks' buffers: the gathered keys and values (shared), 
 } ChunkWork;
 
 static ChunkShape chunk_shape(const DecodeShape *s, int64_t n, int64_t context, int64_t q_stride) {
-    return (ChunkShape){n, context, s->heads, s->kv_heads, s->head_dim, s->heads / s->kv_heads, round_up8(context),
-                        s->scale, q_stride, s->kv_half};
+    return chunk_geometry(n, context, s->heads, s->kv_heads, s->head_dim, s->scale, q_stride, s->kv_half, s->window);
 }
 
-/* Buffers for chunks attending to up to `context` positions (none when 0). 0 when out of memory. */
+/* Buffers for chunks attending to up to `context` positions (none when 0), through any window. 0 when out of
+ * memory. */
 static int chunk_work_alloc(ChunkWork *w, const DecodeShape *s, int64_t context, int threads) {
     *w = (ChunkWork){NULL, NULL, 0};
     if (context == 0) return 1;
-    const ChunkShape widest = chunk_shape(s, 1, context, 0);
+    const ChunkShape widest = chunk_geometry(1, context, s->heads, s->kv_heads, s->head_dim, s->scale, 0, s->kv_half, 0);
     w->kv = malloc(sizeof(float) * (size_t)(2 * s->kv_heads * widest.padded * s->head_dim));
     w->scratch = calloc((size_t)threads, sizeof(ChunkScratch));
     for (; w->kv != NULL && w->scratch != NULL && w->threads < threads; w->threads++)

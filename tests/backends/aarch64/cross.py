@@ -185,23 +185,24 @@ class Batch:
         return self._queue(["probe", build.matmul, OUT], (4,), np.int32)
 
     def decode(self, build: Build, q: np.ndarray, k: np.ndarray, v: np.ndarray, tables: np.ndarray,
-               lens: np.ndarray, parallel_min_tokens: int) -> Call:
+               lens: np.ndarray, parallel_min_tokens: int, window: int = 0) -> Call:
         """decode_attention_f32 over a float32 or float16 cache, as kernels.NativeAttention.decode calls it."""
         batch, heads, dim = q.shape
         _, block_size, kv_heads, _ = k.shape
         return self._queue(["decode", build.attention, *map(self._file, (q, k, v)), self._file(tables.astype(np.int32)),
                             self._file(lens.astype(np.int32)), OUT, heads, kv_heads, dim, block_size,
                             tables.shape[1], float(np.float32(dim**-0.5)).hex(), batch, parallel_min_tokens,
-                            int(k.dtype == np.float16)], q.shape, np.float32)
+                            int(k.dtype == np.float16), window], q.shape, np.float32)
 
     def chunk(self, build: Build, q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, context: int,
-              parallel_min_pairs: int) -> Call:
+              parallel_min_pairs: int, window: int = 0) -> Call:
         """chunk_attention_f32, as kernels.NativeAttention.chunk calls it."""
         n, heads, dim = q.shape
         num_blocks, block_size, kv_heads, _ = k.shape
         return self._queue(["chunk", build.attention, *map(self._file, (q, k, v)), self._file(table.astype(np.int32)),
                             OUT, len(table), num_blocks, context, n, heads, kv_heads, dim, block_size,
-                            float(np.float32(dim**-0.5)).hex(), parallel_min_pairs, int(k.dtype == np.float16)],
+                            float(np.float32(dim**-0.5)).hex(), parallel_min_pairs, int(k.dtype == np.float16),
+                            window],
                            q.shape, np.float32)
 
     def round_to_half(self, build: Build, x: np.ndarray) -> Call:
