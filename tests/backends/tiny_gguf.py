@@ -71,8 +71,9 @@ def write_tiny_gemma3(path: Path, weight_type: Q = Q.Q8_0, seed: int = 0, shape:
 
 
 def _norms(arch: str, shape: TinyShape) -> list[tuple[str, int]]:
-    """A layer's norm tensors and their widths, as the architecture has them."""
-    family = ARCHITECTURES[arch]
+    """A layer's norm tensors and their widths, as the architecture has them (an unknown one: Llama's, for files
+    the loader must refuse)."""
+    family = ARCHITECTURES.get(arch, ARCHITECTURES["llama"])
     return ([("attn_norm", shape.hidden), ("ffn_norm", shape.hidden)]
             + ([("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim)] if family.qk_norm else [])
             + ([("post_attention_norm", shape.hidden), ("post_ffw_norm", shape.hidden)]
