@@ -93,7 +93,8 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "dtype)", choices=WEIGHTS),
     "backend.cpu_precision": SettingDoc(
         "numpy only: exact (float32 arithmetic on the exactly dequantized weights), fast (bfloat16 products "
-        "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4 weights; "
+        "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4_0 / Q4_1 / "
+        "Q5_0 / Q5_1 / K-quant weights; "
         "docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
     "backend.cpu_isa": SettingDoc(
         "numpy only: the CPU tier the C kernels are built for (its instruction set); auto: the highest this CPU "

@@ -25,8 +25,8 @@ from gguf import GGMLQuantizationType as Q
 from backends.model.quant import Matrix, QuantMatrix
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.native.cpu_tiers import X86, CpuTier, find
-from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul, q8_reference
-from backends.numpy_backend.native.weights import EXACT_ONLY
+from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul, q8_bound, q8_reference
+from backends.numpy_backend.native.weights import EIGHT_LANES_ONLY
 from tests.backends import test_native_fast as fast_cases
 from tests.backends import test_native_quant as quant_cases
 from tests.backends.aarch64 import cross
@@ -288,15 +288,15 @@ def small_step_case(qtype: Q, inner: int, outputs: int, rows: int) -> tuple[np.n
 SMALL_CASES = [(qtype, inner, outputs, rows) for qtype, inner, outputs in fast_cases.SMALL_SHAPES
                for rows in SMALL_STEP_ROWS]
 # small steps on the types q8_dots.h does not take, and steps of 4 rows and more (no AMX tiles on AArch64)
-EXACT_IN_FAST = [*product((Q.Q8_0, Q.F16, Q.BF16, *sorted(EXACT_ONLY)), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16),
-                 (Q.Q4_K, 16)]
+EXACT_IN_FAST = [*product((Q.Q8_0, Q.F16, Q.BF16), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16), (Q.Q5_0, 16),
+                 (Q.Q4_K, 16), (Q.Q6_K, 16)]
 
 
 @cache
 def exact_in_fast_case(qtype: Q, rows: int) -> tuple[QuantMatrix, np.ndarray]:
     """test_native_fast's weights (test_native_quant's for the types gguf cannot quantize) and x."""
     inner = wide(qtype)
-    w = quant_cases.stored(qtype, 77, inner) if qtype in EXACT_ONLY else fast_cases.stored(qtype, 77, inner)
+    w = quant_cases.stored(qtype, 77, inner) if qtype in EIGHT_LANES_ONLY else fast_cases.stored(qtype, 77, inner)
     return w, fast_cases.activations(rows, inner)
 
 
@@ -326,11 +326,10 @@ def fast_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
 def test_small_steps_multiply_8_bit_x_in_integers(fast_runs: Calls, qtype: Q, inner: int, outputs: int,
                                                   rows: int) -> None:
     """The neon tier: x rounded as q8_rows rounds it, integer dot products, float32 scaling and sums, within
-    test_native_fast's bound of q8_reference."""
+    q8_bound of q8_reference."""
     x, w = small_step_case(qtype, inner, outputs, rows)
     out = fast_runs["neon", True, qtype, inner, outputs, rows].result()
-    scale = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).T.astype(np.float64)
-    assert np.all(np.abs(out - q8_reference(x, w)) <= 2e-6 * scale + 1e-7)
+    assert_within(out, q8_reference(x, w), q8_bound(x, w))
 
 
 @pytest.mark.parametrize(("qtype", "inner", "outputs", "rows"), SMALL_CASES)
@@ -379,7 +378,8 @@ def cross_case(qtype: Q, rows: int) -> tuple[np.ndarray, Matrix]:
 
 @cache
 def fast_cross_case(qtype: Q, rows: int) -> tuple[np.ndarray, Matrix]:
-    return fast_cases.activations(rows, 576, seed=rows), fast_cases.stored(qtype, 37, 576, seed=int(qtype))
+    inner = fast_cases.small_width(qtype, 576)
+    return fast_cases.activations(rows, inner, seed=rows), fast_cases.stored(qtype, 37, inner, seed=int(qtype))
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +387,7 @@ def cross_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
     def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
         for tier, qtype, rows in product(TIERS, CROSS_TYPES, (1, 2, 5)):
             yield (tier, qtype, rows), batch.matmul(kernels.builds[tier], *cross_case(qtype, rows))
-        for qtype, rows in product((Q.Q4_0, Q.Q4_1), SMALL_STEP_ROWS):
+        for qtype, rows in product(fast_cases.SMALL_TYPES, SMALL_STEP_ROWS):
             yield ("fast", qtype, rows), batch.matmul(kernels.builds["neon"], *fast_cross_case(qtype, rows), fast=True)
 
     return batches(make)
@@ -412,7 +412,7 @@ def test_exact_projections_are_the_avx2_tiers_floats(cross_runs: Calls, avx2_mat
 
 
 @pytest.mark.usefixtures("avx2")
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", fast_cases.SMALL_TYPES, ids=lambda t: t.name)
 def test_small_steps_are_the_avx2_tiers_floats(cross_runs: Calls, avx2_matmul: Callable[[bool], NativeMatmul],
                                                qtype: Q) -> None:
     """The neon tier's 8-bit small steps: x rounded alike, exact integer dots, the same float operations in the
@@ -615,3 +615,4 @@ def test_conversions_are_numpys_bit_for_bit(half_runs: Calls, tier: str) -> None
     same = (rounded.view(np.uint16) == expected.view(np.uint16)) | (np.isnan(rounded) & np.isnan(expected))
     assert same.all(), x[~same][:8]
     np.testing.assert_array_equal(half_runs[tier, "widen"].result(), expected.astype(np.float32))
+

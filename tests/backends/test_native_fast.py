@@ -1,7 +1,8 @@
 """The fast precision (fast_matmul.h): on a CPU whose AMX tiles the process may use, steps of FAST_MIN_ROWS rows
 or more multiply bfloat16-rounded values on the tiles, checked against NumPy's product of the same rounded values;
-smaller steps on Q4_0 / Q4_1 weights round x to 8 bits and multiply integers (q8_dots.h), checked against
-NumPy's q8_reference; every other step is the exact kernels', bit for bit. The kernel tests run on every CPU tier
+smaller steps on Q4_0 / Q4_1 / Q5_0 / Q5_1 and K-quant weights round x to 8 bits and multiply integers (q8_dots.h,
+q8_k.h), checked against NumPy's q8_reference within q8_bound; every other step is the exact kernels', bit for
+bit. The kernel tests run on every CPU tier
 this host runs that has the path they check, and each tier is held to the paths it should have."""
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from backends.model.loader import LoadedModel, load_model
 from backends.model.quant import QuantMatrix
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuTier
-from backends.numpy_backend.native.matmul import NativeMatmul, fast_reference, q8_reference, q8_rows, to_bfloat16
-from backends.numpy_backend.native.weights import STORED_TYPES
+from backends.numpy_backend.native.matmul import (
+    NativeMatmul,
+    fast_reference,
+    q8_bound,
+    q8_reference,
+    q8_rows,
+    small_step_parts,
+    to_bfloat16,
+)
+from backends.numpy_backend.native.weights import SMALL_STEP_TYPES, STORED_TYPES
+from tests.backends.bounds import assert_within
+from tests.backends.test_native_quant import K_QUANTS, random_blocks
 from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES
 from tests.required import hardware_absent
 
@@ -81,7 +92,16 @@ def test_the_tier_runs_the_fast_paths_it_should(fast: NativeMatmul, exact: Nativ
 
 
 def stored(qtype: Q, rows: int, cols: int, seed: int = 0) -> QuantMatrix:
+    """gguf's quantization of normal values; the K-quants (which gguf cannot quantize) test_native_quant's random
+    super-blocks."""
+    if qtype in K_QUANTS:
+        return random_blocks(qtype, rows, cols, seed)
     return QuantMatrix.quantize(np.random.default_rng(seed).normal(0, 0.3, (rows, cols)).astype(np.float32), qtype)
+
+
+def small_width(qtype: Q, cols: int) -> int:
+    """cols for the small-step tests: in whole super-blocks of 256 for the K-quants (576 -> 768)."""
+    return -(-cols // 256) * 256 if qtype in K_QUANTS else cols
 
 
 def activations(rows: int, cols: int, seed: int = 1) -> np.ndarray:
@@ -128,8 +148,10 @@ def host_small_steps() -> None:
     """For the tests through the backend, which runs the host's own tier: a skip where it has no 8-bit path."""
     if HOST.choose().name not in SMALL_STEPS:
         hardware_absent("no AVX2 or NEON dot products on this machine")
-SMALL_SHAPES = [(t, inner, outputs) for t in (Q.Q4_0, Q.Q4_1)
-                for inner, outputs in ((32, 3), (64, 13), (576, 960), (1536, 577))]
+SMALL_TYPES = tuple(sorted(SMALL_STEP_TYPES))  # Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+SMALL_SHAPES = [(t, inner, outputs) for t in SMALL_TYPES
+                for inner, outputs in (((256, 3), (512, 13), (768, 960), (1536, 577)) if t in K_QUANTS
+                                       else ((32, 3), (64, 13), (576, 960), (1536, 577)))]
 
 
 def test_x_is_rounded_per_block_of_32_to_nearest_even() -> None:
@@ -148,13 +170,41 @@ def test_x_is_rounded_per_block_of_32_to_nearest_even() -> None:
 def test_small_steps_multiply_8_bit_x_in_integers(fast: NativeMatmul, qtype: Q, inner: int, outputs: int,
                                                  rows: int) -> None:
     """Every 8-bit path's type; widths of one block and more, weight rows past whole groups of 8, every row
-    count below the tiles': x rounded as q8_rows rounds it, integer dot products, float32 scaling and sums."""
+    count below the tiles': x rounded as q8_rows rounds it, integer dot products, float32 scaling and sums,
+    within q8_bound (the float32 roundings of the scaling and of the chain of blocks: (k / 32 + 4) U of the
+    terms' sizes) of the float64 reference; and the 8-bit path ran, once per call."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
     x[0, :32] = 0.0  # an all-zero block: scale 0, no division by it
-    scale = np.abs(x).astype(np.float64) @ np.abs(w.dequantize()).T.astype(np.float64)
+    before = fast.small_steps_run()
     out = fast.project(x, w)
+    assert fast.small_steps_run() == before + 1
     assert out.shape == (rows, outputs) and out.dtype == np.float32
-    assert np.all(np.abs(out - q8_reference(x, w)) <= 2e-6 * scale + 1e-7)
+    assert_within(out, q8_reference(x, w), q8_bound(x, w))
+
+
+@pytest.mark.parametrize("qtype", SMALL_TYPES, ids=lambda t: t.name)
+def test_the_small_steps_integers_are_ggufs_weights(qtype: Q) -> None:
+    """q8_reference's reading of the blocks: scale * q + offset is gguf's dequantized weight (the product exact,
+    or for Q6_K rounded once as gguf's, so the float64 value rounded to float32 is gguf's float32 one, bit for
+    bit); every integer the format holds occurs."""
+    w = stored(qtype, 13, small_width(qtype, 576))
+    q, d, offset = small_step_parts(w)
+    low, high = {Q.Q5_0: (0, 31), Q.Q5_1: (0, 31), Q.Q5_K: (0, 31), Q.Q6_K: (-32, 31)}.get(qtype, (0, 15))
+    assert q.min() == low and q.max() == high
+    weights = (np.repeat(d, 16, axis=2) * q + offset[..., None]).astype(np.float32).reshape(w.shape)
+    np.testing.assert_array_equal(weights, w.dequantize())
+
+
+@pytest.mark.parametrize("qtype", SMALL_TYPES, ids=lambda t: t.name)
+def test_the_small_steps_run_where_the_tier_has_them(fast: NativeMatmul, exact: NativeMatmul, qtype: Q) -> None:
+    """Counted by the library: each call of 1-3 rows runs the 8-bit path once on the tiers that have it, never
+    on the others (nor in the exact precision, nor for 4 rows)."""
+    w = stored(qtype, 40, small_width(qtype, 576))
+    before = fast.small_steps_run()
+    for rows in (1, 2, FAST_MIN_ROWS - 1, FAST_MIN_ROWS):
+        fast.project(activations(rows, w.shape[1]), w)
+        exact.project(activations(rows, w.shape[1]), w)
+    assert fast.small_steps_run() - before == (3 if fast.tier.name in SMALL_STEPS else 0)
 
 
 @needs_small_steps
@@ -241,10 +291,10 @@ def test_every_tier_gives_the_small_steps_the_same_floats(matmul_for: Callable[[
     if len(tiers) < 2:
         hardware_absent("fewer than two tiers with 8-bit small steps run on this machine")
     first, *others = (matmul_for(tier, True) for tier in tiers)
-    for qtype in (Q.Q4_0, Q.Q4_1):
-        w = stored(qtype, 37, 576, seed=int(qtype))
+    for qtype in SMALL_TYPES:
+        w = stored(qtype, 37, small_width(qtype, 576), seed=int(qtype))
         for rows in (1, 2, 3):
-            x = activations(rows, 576, seed=rows)
+            x = activations(rows, w.shape[1], seed=rows)
             for other in others:
                 np.testing.assert_array_equal(other.project(x, w), first.project(x, w))
 

@@ -9,7 +9,8 @@ from backends.numpy_backend.native.cpu_tiers import CpuInfo, CpuTier
 HOST = CpuInfo.of_this_host()
 RUNNABLE: tuple[CpuTier, ...] = HOST.runnable()
 
-# Steps of 1-3 rows on Q4 weights in 8-bit integers (q8_dots.h): AVX2's pmaddubsw, VNNI, NEON's sdot.
+# Steps of 1-3 rows on Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quant weights in 8-bit integers (q8_dots.h, q8_k.h): AVX2's
+# pmaddubsw, VNNI, NEON's sdot.
 SMALL_STEPS = frozenset({"avx2", "avx512", "avx512-vnni", "amx", "neon"})
 WIDE_SUMS = frozenset({"avx512", "avx512-vnni", "amx"})  # stored weights summed in 16 lanes (quant_wide.h)
 TILES = frozenset({"amx"})  # bfloat16 products on AMX tiles, where the kernel may use them (fast_matmul.h)

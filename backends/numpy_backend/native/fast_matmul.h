@@ -1,19 +1,19 @@
-/* The "fast" precision's projections. Steps of fewer than FAST_MIN_ROWS rows on Q4_0 / Q4_1 weights:
- * x rounded to 8-bit integers per block and multiplied in integers (q8_dots.h). For steps of FAST_MIN_ROWS rows
- * or more, y = x @ w.T with x and every
- * weight rounded to bfloat16 (round to nearest even), their products exact in float32 and summed in float32, on
- * the CPU's AMX tile unit: TDPBF16PS multiplies a 16 x 32 tile of weights by a 32 x 16 tile of x in one
- * instruction, 8192 multiply-adds, where the float32 kernels do 8 per FMA. Each group of 16 weight rows is
- * dequantized (quant.h) and converted once per call, then used for every row of x: a batch pays the
- * dequantization once per weight, as the exact kernels' strips do, and little more.
+/* The "fast" precision's projections. Steps of fewer than FAST_MIN_ROWS rows on Q4_0 / Q4_1 / Q5_0 / Q5_1 and the
+ * K-quants: x rounded to 8-bit integers per block and multiplied in integers (q8_dots.h, q8_k.h). For steps of
+ * FAST_MIN_ROWS rows or more, y = x @ w.T with x and every weight rounded to bfloat16 (round to nearest even),
+ * their products exact in float32 and summed in float32, on the CPU's AMX tile unit: TDPBF16PS multiplies a
+ * 16 x 32 tile of weights by a 32 x 16 tile of x in one instruction, 8192 multiply-adds, where the float32
+ * kernels do 8 per FMA. Each group of 16 weight rows is dequantized (quant.h) and converted once per call, then
+ * used for every row of x: a batch pays the dequantization once per weight, as the exact kernels' strips do, and
+ * little more.
  *
  * Steps of more rows where the CPU has no AMX or the kernel does not let the process use it (Linux
- * arch_prctl), small steps on other weight types, every step on Q5_0, Q5_1 and the K-quants (quant_k.h), and
- * every small step without AVX2 (or, on AArch64, the dot product extension) run the exact kernels
- * (quant_matmul.h): converting the weights to bfloat16 costs a step of one to three rows more than the tiles
- * save. So in this precision a row's result can depend on the size of its batch. The reference of the tiles is
- * the float32 product of the rounded values (tests/backends/test_native_fast.py), and the accuracy benchmark
- * (bench/precision.py) measures what the rounding costs against the exact precision.
+ * arch_prctl), small steps on other weight types, steps of FAST_MIN_ROWS rows or more on Q5_0, Q5_1 and the
+ * K-quants (quant_k.h: no tiles read them), and every small step without AVX2 (or, on AArch64, the dot product
+ * extension) run the exact kernels (quant_matmul.h): converting the weights to bfloat16 costs a step of one to
+ * three rows more than the tiles save. So in this precision a row's result can depend on the size of its batch.
+ * The reference of the tiles is the float32 product of the rounded values (tests/backends/test_native_fast.py),
+ * and the accuracy benchmark (bench/precision.py) measures what the rounding costs against the exact precision.
  */
 #ifndef PAGEDSERVE_FAST_MATMUL_H
 #define PAGEDSERVE_FAST_MATMUL_H
@@ -265,6 +265,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if Q8_DOTS
     if (f->q8 && q8_reads(w->type)) {
+        if (thread == 0) q8_projections++;
         project_q8(x, w, y, m, k, n, add, mine);
         return;
     }

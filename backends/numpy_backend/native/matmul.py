@@ -17,7 +17,7 @@ from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
-from backends.numpy_backend.native.weights import EXACT_ONLY, c_weights, readable
+from backends.numpy_backend.native.weights import EIGHT_LANES_ONLY, SMALL_STEP_TYPES, c_weights, readable
 
 Projection = Callable[[np.ndarray, Matrix], np.ndarray]  # (x, w) -> x @ w.T
 
@@ -32,9 +32,10 @@ class NativeMatmul:
     """`project(x, w)` = x @ w.T: the C kernel when x has 1..max_rows rows of C-contiguous float32 and the
     kernel reads w as it is (weights.readable); NumPy (BLAS) otherwise, on w dequantized by `dense` when it is
     stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
-    (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows; on every tier but
-    generic, steps of 1-3 rows on Q4_0 / Q4_1 weights with 8-bit x (q8_dots.h). Weights of the EXACT_ONLY types
-    (Q5_0, Q5_1, the K-quants) are exact in either precision."""
+    (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows (not on the
+    EIGHT_LANES_ONLY types: Q5_0, Q5_1, the K-quants); on every tier but generic, steps of 1-3 rows on the
+    SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) with 8-bit x (q8_dots.h, q8_k.h). Other steps
+    are exact."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
                  library_path: Path | None = None, tier: CpuTier | None = None) -> None:
@@ -55,12 +56,14 @@ class NativeMatmul:
         self.wide_sums = bool(library.quant_sums_wide())
         self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else larger steps are exact in fast
         self.fast_small_steps = bool(library.fast_small_steps())  # not on generic: small steps exact in fast
+        self._small_steps_run = library.fast_small_steps_run
+        self._small_steps_run.restype = ctypes.c_int64
         self.fast = fast and (self.fast_uses_tiles or self.fast_small_steps)
         self.max_rows = max_rows
         self.threaded = bool(library.built_with_openmp())  # False: built without OpenMP, one thread
 
     def project(self, x: np.ndarray, w: Matrix) -> np.ndarray:
-        tiles = self.fast and self.fast_uses_tiles and not (isinstance(w, QuantMatrix) and w.qtype in EXACT_ONLY)
+        tiles = self.fast and self.fast_uses_tiles and not (isinstance(w, QuantMatrix) and w.qtype in EIGHT_LANES_ONLY)
         if not self._fits(x, w, tiles):
             return x @ self.dense(w).T
         rows, inner = x.shape
@@ -76,11 +79,18 @@ class NativeMatmul:
     def fast_paths(self) -> str:
         """What the fast precision runs on this machine, in words."""
         tier = self.tier.name
-        tiles = "bfloat16 products on AMX tiles" if self.fast_uses_tiles else f"exact (no AMX tiles on {tier})"
+        lanes = " / ".join(sorted(t.name for t in EIGHT_LANES_ONLY))
+        tiles = (f"bfloat16 products on AMX tiles ({lanes} weights: exact)" if self.fast_uses_tiles
+                 else f"exact (no AMX tiles on {tier})")
         small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
-        exact = ", ".join(sorted(t.name for t in EXACT_ONLY))
-        return (f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on Q4_0 / Q4_1 weights: {small}; "
-                f"{exact} weights: exact")
+        small_types = " / ".join(sorted(t.name for t in SMALL_STEP_TYPES))
+        return (f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on {small_types} weights: {small}; "
+                f"steps of 1-3 rows on other weights: exact")
+
+    def small_steps_run(self) -> int:
+        """How many projections of this process's library have run the 8-bit small steps (q8_dots.h), for the
+        tests: a tier that should have the path proves it ran."""
+        return int(self._small_steps_run())
 
     def dense(self, w: Matrix) -> np.ndarray:
         """w as float32: itself, or dequantized by the kernels' threads when the C kernel reads its type."""
@@ -127,24 +137,92 @@ def q8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(blocks * inverse[..., None]).astype(np.int64), scale
 
 
-def q4_parts(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A Q4_0 / Q4_1 matrix's 4-bit integers (n, k / 32, 32), scales dw and offsets (n, k / 32) such that each
-    weight is dw * q + offset: gguf's block layouts read directly."""
+Q = GGMLQuantizationType
+WITH_MIN = (Q.Q4_1, Q.Q5_1)  # blocks that store m after d
+FIVE_BITS = (Q.Q5_0, Q.Q5_1)  # blocks with 4 bytes of fifth bits, qh
+Parts = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scales per half block, offsets
+
+
+def small_step_parts(w: QuantMatrix) -> Parts:
+    """The integers q (n, k / 32, 32) of a matrix of a type the small steps read, each half block's scale
+    (n, k / 32, 2) and each block's offset (n, k / 32) such that each weight is scale * q + offset, from gguf's
+    block layouts (quant_k.h's header): Q4_0 / Q4_1 4 bits, Q5_0 / Q5_1 5 (qh's bit j above weight j's nibble),
+    offset -8 d, -16 d, or m; Q4_K / Q5_K 4 or 5 bits, scale d * sc and offset -dmin * mn of each sub-block; Q6_K
+    q - 32 (signed), scale d * scale of each 16 weights, offset 0."""
+    if w.qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return k_quant_parts(w)
     n, blocks = w.shape[0], w.shape[1] // 32
     raw = w.data.reshape(n, blocks, -1)
-    d = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
-    start = 4 if w.qtype == GGMLQuantizationType.Q4_1 else 2
-    q = np.concatenate([raw[..., start:] & 0x0F, raw[..., start:] >> 4], axis=2).astype(np.int64)
-    if w.qtype == GGMLQuantizationType.Q4_1:
-        return q, d, raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
-    return q, d, -8.0 * d
+    d = half(raw, 0)
+    start = 4 if w.qtype in WITH_MIN else 2
+    if w.qtype in FIVE_BITS:
+        qh = raw[..., start : start + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
+        high = (qh[..., None] >> np.arange(32)) & 1
+        start += 4
+    else:
+        high = np.zeros((n, blocks, 32), np.int64)
+    q = np.concatenate([raw[..., start:] & 0x0F, raw[..., start:] >> 4], axis=2).astype(np.int64) | high << 4
+    offset = half(raw, 2) if w.qtype in WITH_MIN else (-16.0 if w.qtype in FIVE_BITS else -8.0) * d
+    return q, np.repeat(d[..., None], 2, axis=2), offset
+
+
+def half(raw: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block (or super-block), in float64."""
+    return raw[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float64)
+
+
+def k_quant_parts(w: QuantMatrix) -> Parts:
+    """small_step_parts of a Q4_K / Q5_K / Q6_K matrix: each super-block's 8 sub-blocks as blocks of 32."""
+    n, supers = w.shape[0], w.shape[1] // 256
+    raw = w.data.reshape(n, supers, -1).astype(np.int64)
+    s = np.arange(8)
+    if w.qtype == Q.Q6_K:
+        ql = raw[..., 64 * (s // 4)[:, None] + 32 * (s % 2)[:, None] + np.arange(32)]  # (n, supers, 8, 32)
+        qh = raw[..., 128 + 32 * (s // 4)[:, None] + np.arange(32)]
+        low = ql >> (4 * (s % 4 // 2))[:, None] & 0x0F
+        q = (low | (qh >> (2 * (s % 4))[:, None] & 3) << 4) - 32
+        scales = np.where(raw[..., 192:208] > 127, raw[..., 192:208] - 256, raw[..., 192:208])
+        d = half(w.data.reshape(n, supers, -1), 208)[..., None] * scales
+        return q.reshape(n, -1, 32), d.reshape(n, -1, 2), np.zeros((n, supers * 8))
+    packed = raw[..., 4:16]
+    low6 = packed[..., :4] & 63, packed[..., 4:8] & 63
+    high = (packed[..., 8:] & 0x0F | (packed[..., :4] >> 6) << 4, packed[..., 8:] >> 4 | (packed[..., 4:8] >> 6) << 4)
+    sc, mn = (np.concatenate([lo, hi], axis=2) for lo, hi in zip(low6, high, strict=True))
+    qs = raw[..., (48 if w.qtype == Q.Q5_K else 16) + 32 * (s // 2)[:, None] + np.arange(32)]
+    q = qs >> (4 * (s % 2))[:, None] & 0x0F
+    if w.qtype == Q.Q5_K:
+        q |= (raw[..., None, 16:48] >> s[:, None] & 1) << 4
+    stored = w.data.reshape(n, supers, -1)
+    d, offset = half(stored, 0)[..., None] * sc, -half(stored, 2)[..., None] * mn
+    return q.reshape(n, -1, 32), np.repeat(d.reshape(n, -1, 1), 2, axis=2), offset.reshape(n, -1)
+
+
+def q8_terms(x: np.ndarray, w: QuantMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """Each block's two terms of the small-step product, in float64 (m, n, k / 32): the scales times dx times
+    each half block's integer dot product (exact), summed over the halves, and offset * dx * sum(qx); x rounded
+    as q8_rows rounds it."""
+    qx, dx = q8_rows(x)
+    qw, dw, offset = small_step_parts(w)
+    m, n, blocks = x.shape[0], w.shape[0], w.shape[1] // 32
+    dots = np.einsum("mbhk,nbhk->mnbh", qx.reshape(m, blocks, 2, 16), qw.reshape(n, blocks, 2, 16))
+    dx64 = dx.astype(np.float64)
+    scaled = (dots.astype(np.float64) * dw[None]).sum(axis=3) * dx64[:, None]
+    return scaled, offset[None] * (dx64 * qx.sum(axis=2))[:, None]
 
 
 def q8_reference(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     """The fast precision's small-step product in NumPy, in float64: x rounded (q8_rows), each block's integer
-    dot product exact, then dw * dx * dot + offset * dx * sum(qx) (the reference of q8_dots.h)."""
-    qx, dx = q8_rows(x)
-    qw, dw, offset = q4_parts(w)
-    dots = np.einsum("mbk,nbk->mnb", qx, qw).astype(np.float64)
-    sx = dx.astype(np.float64) * qx.sum(axis=2)
-    return np.einsum("mnb,nb,mb->mn", dots, dw, dx.astype(np.float64)) + np.einsum("nb,mb->mn", offset, sx)
+    dot products exact, then scale * dx * dot + offset * dx * sum(qx) (the reference of q8_dots.h, q8_k.h)."""
+    scaled, offsets = q8_terms(x, w)
+    return scaled.sum(axis=2) + offsets.sum(axis=2)
+
+
+def q8_bound(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    """Worst-case float32 error of q8_dots.h against q8_reference (first order in float32's unit roundoff U):
+    the dots convert exactly (|dot| <= 32 * 32 * 127 < 2^24) and dx * sum(qx) and scale * dx round once (U of
+    each term), each FMA into its chain (one a block, Q6_K's two) rounds once (U of the chain so far, at most
+    the sum of the terms' sizes), and the two chains' sum once: (FMAs + 2) U times the sum of |terms|, with 2 U
+    to spare."""
+    scaled, offsets = q8_terms(x, w)
+    fmas = x.shape[1] // 32 * (2 if w.qtype == Q.Q6_K else 1)
+    return (fmas + 4) * 2.0**-24 * (np.abs(scaled).sum(axis=2) + np.abs(offsets).sum(axis=2))

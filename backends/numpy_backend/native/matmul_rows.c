@@ -37,9 +37,18 @@ int matmul_weights_f32(const float *x, const uint8_t *data, int64_t row_bytes, i
 /* 1 when the fast precision runs batches on AMX tiles in this process, 0 when it is the exact one. */
 int fast_uses_tiles(void) { return fast_uses_amx(); }
 
-/* 1 when the fast precision runs steps of 1-3 rows on Q4 weights with 8-bit x (q8_dots.h: AVX2 builds, and
- * AArch64 builds with the dot product extension), 0 when they are exact. */
+/* 1 when the fast precision runs steps of 1-3 rows on Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quant weights with 8-bit x
+ * (q8_dots.h: AVX2 builds, and AArch64 builds with the dot product extension), 0 when they are exact. */
 int fast_small_steps(void) { return Q8_DOTS; }
+
+/* How many projections have run the 8-bit small steps in this process (0 without them). */
+int64_t fast_small_steps_run(void) {
+#if Q8_DOTS
+    return q8_projections;
+#else
+    return 0;
+#endif
+}
 
 /* out (n, k) float32 = the stored matrix, rows shared among the threads; -2 as matmul_weights_f32. */
 int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *out, int64_t n, int64_t k) {

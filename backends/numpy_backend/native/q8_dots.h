@@ -1,17 +1,18 @@
-/* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x and Q4_0 or Q4_1 weights,
- * multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is rounded, per block of 32, to 8-bit
- * integers qx with one scale dx = max |x| / 127; each block's 32 products of the stored 4-bit integers qw and
- * qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's pmaddubsw + pmaddwd, or the Arm dot product
- * extension's sdot), then scaled in float:
- *   Q4_1, w = dw * qw + mw:   dw * dx * sum(qw * qx) + mw * sx
- *   Q4_0, w = dw * (qw - 8):  dw * dx * sum(qw * qx) - 8 * dw * sx
- * where sx = dx * sum(qx), the block's x summed, computed once per call. The exact kernels dequantize every
- * weight to a float and multiply floats, which kept a batch-1 step's projections bound by the arithmetic at
- * half the bus's speed. Here 8 weight rows are multiplied together, one a lane (q8_group_t): a block of the 8
- * rows costs four loads and eight shuffles to transpose their bytes, eight masks, eight integer dots, and one
- * conversion and one FMA per row of x. Q8_0 (the default model's output head) stays exact: its exact kernel
- * already reads at the bus's speed, and rounding x for it too moved perplexity by 0.78 % instead of 0.55 % (with
- * the loop of that time).
+/* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x and Q4_0, Q4_1, Q5_0 or Q5_1
+ * weights (the K-quants: q8_k.h), multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is
+ * rounded, per block of 32, to 8-bit integers qx with one scale dx = max |x| / 127; each block's 32 products of
+ * the stored 4-bit (Q5: 5-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
+ * pmaddubsw + pmaddwd, or the Arm dot product extension's sdot), then scaled in float:
+ *   Q4_1, Q5_1, w = dw * qw + mw:   dw * dx * sum(qw * qx) + mw * sx
+ *   Q4_0, w = dw * (qw - 8):        dw * dx * sum(qw * qx) - 8 * dw * sx
+ *   Q5_0, w = dw * (qw - 16):       dw * dx * sum(qw * qx) - 16 * dw * sx
+ * where sx = dx * sum(qx), the block's x summed, computed once per call (Q5's qw: the nibble with its fifth bit
+ * from qh above it, 0..31). The exact kernels dequantize every weight to a float and multiply floats, which
+ * kept a batch-1 step's projections bound by the arithmetic at half the bus's speed. Here 8 weight rows are
+ * multiplied together, one a lane (q8_group_t): a block of the 8 rows costs four loads and eight shuffles to
+ * transpose their bytes, eight masks, eight integer dots, and one conversion and one FMA per row of x. Q8_0 (the
+ * default model's output head) stays exact: its exact kernel already reads at the bus's speed, and rounding x
+ * for it too moved perplexity by 0.78 % instead of 0.55 % (with the loop of that time).
  *
  * Rounding x costs accuracy, measured by bench/precision.py against the exact precision; and a row's result
  * depends on its step's size (these for small steps, the tiles of fast_matmul.h for larger ones). The
@@ -38,7 +39,10 @@
 #endif
 
 #if Q8_DOTS
-static inline int q8_reads(int32_t type) { return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1; }
+static inline int q8_reads(int32_t type) {
+    return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 ||
+           is_k_quant(type);
+}
 
 /* x rounded: m rows of k (k % 32 == 0) in one buffer of q8_x_bytes(m, k), laid out as below. */
 typedef struct {
@@ -58,7 +62,25 @@ static inline Q8Rows q8_rows_in(void *buffer, int64_t m, int64_t k) {
 
 #define Q8_GROUP 8 /* weight rows multiplied together, one a lane */
 
-static inline int64_t q8_block_bytes(int32_t type) { return type == WEIGHTS_Q4_1 ? 20 : 18; }
+static int64_t q8_projections; /* projections that ran this path, counted by their thread 0: the tests' proof */
+
+static inline int64_t q8_block_bytes(int32_t type) {
+    switch (type) {
+    case WEIGHTS_Q4_1: return 20;
+    case WEIGHTS_Q5_0: return Q5_0_BYTES;
+    case WEIGHTS_Q5_1: return Q5_1_BYTES;
+    default: return 18;
+    }
+}
+
+static inline int q8_has_min(int32_t type) { return type == WEIGHTS_Q4_1 || type == WEIGHTS_Q5_1; }
+static inline int q8_five(int32_t type) { return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1; }
+
+/* Where a block's nibbles start: after d (and m), and Q5's 4 bytes of fifth bits. */
+static inline int64_t q8_nibbles_at(int32_t type) { return (q8_has_min(type) ? 4 : 2) + (q8_five(type) ? 4 : 0); }
+
+/* mw of the types without one: -8 dw (Q4_0), -16 dw (Q5_0). */
+static inline float q8_offset(int32_t type) { return type == WEIGHTS_Q5_0 ? -16.0f : -8.0f; }
 
 #if defined(Q8_X86)
 /* Block c (32 floats at x) rounded: qx = round-to-nearest-even(x / dx), as NumPy's rint of x * (1 / dx). (A block
@@ -89,7 +111,7 @@ static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
 }
 
 /* acc + the 8 int32 sums of 4 products each of unsigned u and signed s bytes. (pmaddubsw's int16 pairs cannot
- * saturate: qw <= 15 and |qx| <= 127.) */
+ * saturate: qw <= 31 and |qx| <= 127.) */
 static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, u, s);
@@ -124,33 +146,57 @@ static inline Q8Group q8_group(const Weights *w, int64_t n, int64_t first) {
     return g;
 }
 
-/* Block b of the group's rows: each row's dw in d's lane j, and mw in m's (mw = -8 dw for Q4_0), from the
- * block's first four bytes, gathered. */
+/* Block b of the group's rows: each row's dw in d's lane j, and mw in m's (q8_offset's for Q4_0 / Q5_0), from
+ * the block's first four bytes, gathered. */
 static inline __attribute__((always_inline)) void q8_group_scales(const Q8Group *g, int64_t b, __m256 *d,
                                                                  __m256 *m, const int32_t type) {
     const __m256i pairs = _mm256_i32gather_epi32((const int *)(g->row[0] + b * q8_block_bytes(type)), g->offsets, 1);
     *d = _mm256_cvtph_ps(low_halves(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff))));
-    *m = type == WEIGHTS_Q4_1 ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(pairs, 16)))
-                              : _mm256_mul_ps(*d, _mm256_set1_ps(-8.0f));
+    *m = q8_has_min(type) ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(pairs, 16)))
+                          : _mm256_mul_ps(*d, _mm256_set1_ps(q8_offset(type)));
 }
 
-/* Block b of the group's rows, transposed: lane j of lo[c] holds row j's weights 4c .. 4c + 3 as bytes, of
- * hi[c] its weights 4c + 16 .. 4c + 19 (a block's byte i holds weight i low and weight i + 16 high). Rows j and
- * j + 4 share a load; a 4 x 4 transpose of 32-bit words in each half puts word c of every row in one vector. */
-static inline __attribute__((always_inline)) void q8_group_weights(const Q8Group *g, int64_t b, __m256i lo[4],
-                                                                  __m256i hi[4], const int32_t type) {
-    const int64_t at = b * q8_block_bytes(type) + (type == WEIGHTS_Q4_1 ? 4 : 2);
+/* 0x10 in byte i of lane j where bit 8 k + 4 (c % 2) + i of lane j of qh is set: the fifth bits of weights
+ * 8 k + 4 (c % 2) .. + 3 of each row (byte k of its qh broadcast over its lane, masked, compared). */
+static inline __attribute__((always_inline)) __m256i q8_fifth4(__m256i qh, int k, int c) {
+    const __m256i lane = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4,
+                                          8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i spread = _mm256_shuffle_epi8(qh, _mm256_add_epi8(lane, _mm256_set1_epi8((char)k)));
+    const __m256i bit = _mm256_set1_epi32(c % 2 ? (int)0x80402010 : 0x08040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 16 bytes at `at` of each of the group's rows, transposed: lane j of words[c] holds row j's bytes 4c .. 4c + 3.
+ * Rows j and j + 4 share a load; a 4 x 4 transpose of 32-bit words in each half puts word c of every row in one
+ * vector. */
+static inline __attribute__((always_inline)) void q8_transpose16(const Q8Group *g, int64_t at, __m256i words[4]) {
     __m256i p[4];
     for (int j = 0; j < 4; j++)
         p[j] = _mm256_loadu2_m128i((const __m128i *)(g->row[j + 4] + at), (const __m128i *)(g->row[j] + at));
     const __m256i t0 = _mm256_unpacklo_epi32(p[0], p[1]), t1 = _mm256_unpackhi_epi32(p[0], p[1]);
     const __m256i t2 = _mm256_unpacklo_epi32(p[2], p[3]), t3 = _mm256_unpackhi_epi32(p[2], p[3]);
-    const __m256i words[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
-                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    words[0] = _mm256_unpacklo_epi64(t0, t2), words[1] = _mm256_unpackhi_epi64(t0, t2);
+    words[2] = _mm256_unpacklo_epi64(t1, t3), words[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* Block b of the group's rows, transposed: lane j of lo[c] holds row j's weights 4c .. 4c + 3 as bytes, of
+ * hi[c] its weights 4c + 16 .. 4c + 19 (a block's byte i holds weight i low and weight i + 16 high; Q5's fifth
+ * bits from its qh, gathered). */
+static inline __attribute__((always_inline)) void q8_group_weights(const Q8Group *g, int64_t b, __m256i lo[4],
+                                                                  __m256i hi[4], const int32_t type) {
+    const int64_t at = b * q8_block_bytes(type) + q8_nibbles_at(type);
+    __m256i words[4];
+    q8_transpose16(g, at, words);
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     for (int c = 0; c < 4; c++) {
         lo[c] = _mm256_and_si256(words[c], nibble);
         hi[c] = _mm256_and_si256(_mm256_srli_epi16(words[c], 4), nibble);
+    }
+    if (!q8_five(type)) return;
+    const __m256i qh = _mm256_i32gather_epi32((const int *)(g->row[0] + at - 4), g->offsets, 1);
+    for (int c = 0; c < 4; c++) {
+        lo[c] = _mm256_or_si256(lo[c], q8_fifth4(qh, c / 2, c));
+        hi[c] = _mm256_or_si256(hi[c], q8_fifth4(qh, 2 + c / 2, c));
     }
 }
 
@@ -172,6 +218,27 @@ static inline __attribute__((always_inline)) __m256i q8_group_dots(const __m256i
     return _mm256_add_epi32(even, odd);
 }
 
+/* One row of x's block `at` (its dx and sx) into its two chains, lanes the group's rows: dots * (dw * dx), then
+ * mw * sx (the float operations, and their order, of every type and tier). */
+static inline __attribute__((always_inline)) void q8_scale_add(__m256i dots, __m256 d, __m256 m, const Q8Rows *x,
+                                                               int64_t at, __m256 *acc, __m256 *mins) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d, _mm256_set1_ps(x->d[at])), *acc);
+    *mins = _mm256_fmadd_ps(m, _mm256_set1_ps(x->s[at]), *mins);
+}
+
+/* y[i, first + j] (+)= acc + mins of row i of x, for the group's valid rows. */
+static inline __attribute__((always_inline)) void q8_group_store(const __m256 acc[3], const __m256 mins[3], int rows,
+                                                                 float *y, int64_t n, int64_t first, int add) {
+    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int i = 0; i < rows; i++) {
+        float *out = y + i * n + first;
+        __m256 v = _mm256_add_ps(acc[i], mins[i]);
+        if (add) v = _mm256_add_ps(v, _mm256_maskload_ps(out, mask));
+        _mm256_maskstore_ps(out, mask, v);
+    }
+}
+
 /* y[i, first + j] (+)= row i of x . weight row first + j, for `rows` (1..3) rows of x and the group of 8 weight
  * rows from `first` (fewer past n), `rows` and `type` constants once inlined. Lane j of each vector is weight
  * row j, so a block costs one conversion and one FMA per row of x for all 8 rows, where a row a vector (the
@@ -191,21 +258,10 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
         __m256i lo[4], hi[4];
         q8_group_scales(&g, b, &d, &m, type);
         q8_group_weights(&g, b, lo, hi, type);
-        for (int i = 0; i < rows; i++) {
-            const int64_t at = i * blocks + b;
-            const __m256 dots = _mm256_cvtepi32_ps(q8_group_dots(lo, hi, x->q + at * QBLOCK));
-            acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(d, _mm256_set1_ps(x->d[at])), acc[i]);
-            mins[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(x->s[at]), mins[i]);
-        }
+        for (int i = 0; i < rows; i++) q8_scale_add(q8_group_dots(lo, hi, x->q + (i * blocks + b) * QBLOCK), d, m, x,
+                                                     i * blocks + b, &acc[i], &mins[i]);
     }
-    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int i = 0; i < rows; i++) {
-        float *out = y + i * n + first;
-        __m256 v = _mm256_add_ps(acc[i], mins[i]);
-        if (add) v = _mm256_add_ps(v, _mm256_maskload_ps(out, mask));
-        _mm256_maskstore_ps(out, mask, v);
-    }
+    q8_group_store(acc, mins, rows, y, n, first, add);
 }
 #else
 /* q8_block with NEON: the same rounding (vcvtnq_s32_f32: to nearest, ties to even), narrowed to int8 with
@@ -248,13 +304,26 @@ static inline __attribute__((always_inline)) int32x4_t q8_dots4(const int8x16_t 
     return vpaddq_s32(vpaddq_s32(part[0], part[1]), vpaddq_s32(part[2], part[3]));
 }
 
+/* y[i, first + j] (+)= acc + mins of row i of x, for the group's valid rows. */
+static inline __attribute__((always_inline)) void q8_group_store(float32x4_t acc[3][2], float32x4_t mins[3][2],
+                                                                 int rows, float *y, int64_t n, int64_t first,
+                                                                 int add) {
+    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
+    for (int i = 0; i < rows; i++) {
+        float sums[Q8_GROUP], *out = y + i * n + first;
+        vst1q_f32(sums, vaddq_f32(acc[i][0], mins[i][0]));
+        vst1q_f32(sums + 4, vaddq_f32(acc[i][1], mins[i][1]));
+        for (int j = 0; j < valid; j++) out[j] = add ? sums[j] + out[j] : sums[j];
+    }
+}
+
 /* AVX2's q8_group_t with NEON: lane j of the two float vectors (rows 0-3, 4-7) is weight row first + j (past n
  * the last row again, computed and not stored), and each row of x's block costs the same float operations in
  * the same order: dots converted, one FMA by dw * dx (rounded first), one FMA of mw by sx, then the sum. */
 static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, const Weights *w, float *y, int64_t k,
                                                             int64_t n, int64_t first, int add, const int rows,
                                                             const int32_t type) {
-    const int64_t blocks = k / QBLOCK, bytes = q8_block_bytes(type), nibbles = type == WEIGHTS_Q4_1 ? 4 : 2;
+    const int64_t blocks = k / QBLOCK, bytes = q8_block_bytes(type), nibbles = q8_nibbles_at(type);
     const uint8_t *row[Q8_GROUP];
     for (int j = 0; j < Q8_GROUP; j++) row[j] = weights_row(w, first + j < n ? first + j : n - 1);
     Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
@@ -267,12 +336,14 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
         int8x16_t lo[Q8_GROUP], hi[Q8_GROUP];
         for (int h = 0; h < 2; h++) {
             d[h] = q8_scales4(row + 4 * h, b * bytes);
-            m[h] = type == WEIGHTS_Q4_1 ? q8_scales4(row + 4 * h, b * bytes + 2) : vmulq_n_f32(d[h], -8.0f);
+            m[h] = q8_has_min(type) ? q8_scales4(row + 4 * h, b * bytes + 2) : vmulq_n_f32(d[h], q8_offset(type));
         }
         for (int j = 0; j < Q8_GROUP; j++) {
             const uint8x16_t q = vld1q_u8(row[j] + b * bytes + nibbles);
-            lo[j] = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0f)));
-            hi[j] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+            u8x16 fifth[2] = {{0}, {0}};
+            if (q8_five(type)) fifth_bits(row[j] + b * bytes + nibbles - 4, fifth); /* quant_k.h */
+            lo[j] = vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0f)), (uint8x16_t)fifth[0]));
+            hi[j] = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), (uint8x16_t)fifth[1]));
         }
         for (int i = 0; i < rows; i++) {
             const int64_t at = i * blocks + b;
@@ -284,15 +355,11 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
             }
         }
     }
-    const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
-    for (int i = 0; i < rows; i++) {
-        float sums[Q8_GROUP], *out = y + i * n + first;
-        vst1q_f32(sums, vaddq_f32(acc[i][0], mins[i][0]));
-        vst1q_f32(sums + 4, vaddq_f32(acc[i][1], mins[i][1]));
-        for (int j = 0; j < valid; j++) out[j] = add ? sums[j] + out[j] : sums[j];
-    }
+    q8_group_store(acc, mins, rows, y, n, first, add);
 }
 #endif
+
+#include "q8_k.h" /* the K-quants' groups */
 
 /* Every row of x rounded into r. */
 static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
@@ -303,16 +370,20 @@ static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
 /* One group for every row of x (1..3), the count and the type constants. */
 static void q8_group_of(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                         int add) {
-#define Q8_GROUP_ROWS(T)                                                                                            \
+#define Q8_GROUP_ROWS(F, T)                                                                                         \
     switch (m) {                                                                                                    \
-    case 3: q8_group_t(x, w, y, k, n, first, add, 3, T); break;                                                     \
-    case 2: q8_group_t(x, w, y, k, n, first, add, 2, T); break;                                                     \
-    default: q8_group_t(x, w, y, k, n, first, add, 1, T); break;                                                    \
+    case 3: F(x, w, y, k, n, first, add, 3, T); break;                                                              \
+    case 2: F(x, w, y, k, n, first, add, 2, T); break;                                                              \
+    default: F(x, w, y, k, n, first, add, 1, T); break;                                                            \
     }
-    if (w->type == WEIGHTS_Q4_1) {
-        Q8_GROUP_ROWS(WEIGHTS_Q4_1)
-    } else {
-        Q8_GROUP_ROWS(WEIGHTS_Q4_0)
+    switch (w->type) {
+    case WEIGHTS_Q4_1: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q4_1) break;
+    case WEIGHTS_Q5_0: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q5_0) break;
+    case WEIGHTS_Q5_1: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q5_1) break;
+    case WEIGHTS_Q4_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q4_K) break;
+    case WEIGHTS_Q5_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q5_K) break;
+    case WEIGHTS_Q6_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q6_K) break;
+    default: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q4_0) break;
     }
 #undef Q8_GROUP_ROWS
 }

@@ -22,8 +22,8 @@
  *
  * Every tier reads these types through the 8-lane kernels (quant_matmul.h's tiles and strips), the AVX-512
  * ones too, with the AVX2 dequantization below (never quant_wide.h's 16-lane sums, q4_nibbles.h's order nor the
- * fast precision's AMX tiles or 8-bit steps: eight_lanes_only), so a row's result is the float32 copy's, bit for
- * bit, in any batch.
+ * fast precision's AMX tiles: eight_lanes_only), so a row's result is the float32 copy's, bit for bit, in any
+ * batch. Only the fast precision's steps of 1-3 rows read them otherwise (q8_dots.h, q8_k.h).
  */
 #ifndef PAGEDSERVE_QUANT_K_H
 #define PAGEDSERVE_QUANT_K_H
@@ -35,7 +35,7 @@ static inline int is_k_quant(int32_t type) {
     return type == WEIGHTS_Q4_K || type == WEIGHTS_Q5_K || type == WEIGHTS_Q6_K;
 }
 
-/* The types this header reads: only through the 8-lane kernels, exact in either precision. */
+/* The types this header reads: only through the 8-lane kernels (and the fast precision's 8-bit small steps). */
 static inline int eight_lanes_only(int32_t type) {
     return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 || is_k_quant(type);
 }
