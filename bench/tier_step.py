@@ -1,6 +1,6 @@
 """The NumPy backend's decode step on each CPU tier this machine runs, in CPU time on one thread:
 
-    OMP_NUM_THREADS=1 python -m bench.tier_step [--tiers generic,avx2] [--batches 1,8] [--steps 20]
+    OMP_NUM_THREADS=1 python -m bench.tier_step [--tiers generic,avx2] [--batches 1,8] [--steps 20] [--model PATH]
 
 For each tier (cpu_tiers.py; default: every one the CPU runs) and each mode (float32 weights, the GGUF's own,
 and the GGUF's in the fast precision), the median process CPU time of a decode step at each batch size with
@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiers", default=",".join(t.name for t in CpuInfo.of_this_host().runnable()))
     parser.add_argument("--batches", default="1,8", help=f"of {BATCHES} or any")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per tier, mode and batch")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"{cpu_model()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
-    models = {"gguf": load_model(stored=STORED_TYPES), "float32": load_model(stored=())}
+    models = {"gguf": load_model(args.model, stored=STORED_TYPES), "float32": load_model(args.model, stored=())}
+    print(f"model: {models['gguf'].files.path.name}")
     print(f"{'tier':>12} {'mode':>10} " + " ".join(f"{f'batch {b} ms':>12}" for b in batches) + "  gguf / float32")
     for tier in args.tiers.split(","):
         rows = tier_rows(models, tier, batches, args.steps)
