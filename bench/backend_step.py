@@ -206,13 +206,14 @@ def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
         return num_bytes / min(_timed(lambda: list(pool.map(np.add.reduce, slices))) for _ in range(repeats))
 
 
-def weights_rss_mib(weights: str) -> float:
-    """Resident memory the weights add to a fresh process (KV pool excluded): VmRSS after minus before load."""
+def weights_rss_mib(weights: str, model: str | None = None) -> float:
+    """Resident memory a model's load adds to a fresh process (its weights, tokenizer and template; KV pool
+    excluded): VmRSS after minus before load."""
     code = ("import gc, re, pathlib; rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', pathlib.Path("
             "'/proc/self/status').read_text()).group(1)); "
             "from backends.model.loader import load_model; from backends.numpy_backend.native.weights import "
-            f"STORED_TYPES; before = rss(); m = load_model(stored={'STORED_TYPES' if weights == 'gguf' else '()'}); "
-            "gc.collect(); print((rss() - before) / 1024)")
+            f"STORED_TYPES; before = rss(); m = load_model({model!r}, "
+            f"stored={'STORED_TYPES' if weights == 'gguf' else '()'}); gc.collect(); print((rss() - before) / 1024)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(done.stdout.strip())
 

@@ -21,7 +21,7 @@ from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuInfo
 from backends.numpy_backend.native.weights import STORED_TYPES
-from bench.backend_step import BATCHES, BLOCK, CONTEXT, MODES, AttentionTimer, cpu_model, decode_step
+from bench.backend_step import BATCHES, BLOCK, CONTEXT, MODES, AttentionTimer, cpu_model, decode_step, weights_rss_mib
 
 TIER_MODES = ("float32", "gguf", "gguf-fast")  # bench.backend_step's modes over a float32 KV cache
 
@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     print(f"{cpu_model()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
     models = {"gguf": load_model(args.model, stored=STORED_TYPES), "float32": load_model(args.model, stored=())}
-    print(f"model: {models['gguf'].files.path.name}")
+    rss = {weights: weights_rss_mib(weights, args.model) for weights in ("gguf", "float32")}
+    print(f"model: {models['gguf'].files.path.name}; resident after load (a fresh process, KV pool excluded): "
+          f"gguf {rss['gguf']:.0f} MiB, float32 {rss['float32']:.0f} MiB")
     print(f"{'tier':>12} {'mode':>10} " + " ".join(f"{f'batch {b} ms':>12}" for b in batches) + "  gguf / float32")
     for tier in args.tiers.split(","):
         rows = tier_rows(models, tier, batches, args.steps)
