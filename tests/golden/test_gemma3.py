@@ -21,8 +21,8 @@ from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
-from telemetry.interface import NullObserver
 from tests.gemma3 import gemma3_path
+from tests.scheduler.test_engine_numpy import PreemptionCounter
 from tests.service.live import numpy_client
 
 REFERENCE = json.loads((Path(__file__).parent / "gemma3" / "reference.json").read_text(encoding="utf-8"))
@@ -93,20 +93,12 @@ def test_greedy_continuations_are_the_references(model: LoadedModel, backend: Nu
     assert greedy(model, backend, case["token_ids"], len(expected))[:sure] == expected[:sure]
 
 
-class Preemptions(NullObserver):
-    def __init__(self) -> None:
-        self.preempted: list[str] = []
-
-    def request_preempted(self, request_id: str, now: float) -> None:
-        self.preempted.append(request_id)
-
-
 def test_together_on_a_small_pool_with_prefixes_shared(model: LoadedModel, backend: NumpyBackend) -> None:
     """Every short prompt twice, all in flight at once, on a pool too small for them: rows beside other rows
     (batch invariance), sequences preempted and recomputed, and each prompt's second copy served from its first's
     cached blocks; every continuation is still the reference's."""
     cases = [PROMPTS[name] for name in sorted(PROMPTS) if name != "window"]
-    kv, observer = PagedKVCacheManager(12, BLOCK), Preemptions()  # 12 sequences of 1-2 blocks in 12 blocks
+    kv, observer = PagedKVCacheManager(12, BLOCK), PreemptionCounter()  # 12 sequences of 1-2 blocks in 12 blocks
     llm = LLM(SchedulerConfig(), kv, backend, model.files.tokenizer, max_model_len=256, observer=observer)
     steps = 16
     outs = llm.generate([c["token_ids"] for c in cases] * 2,

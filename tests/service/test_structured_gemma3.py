@@ -26,7 +26,7 @@ from tests.golden.test_gemma3 import GEMMA_TEMPLATE
 from tests.service.live import LiveServer, cached_builder, numpy_client, sim_config
 from tests.service.rawhttp import post
 from tests.service.test_guided_input import BAD_CHAT
-from tests.service.test_structured_real import PROMPTS, TOOLS, Person
+from tests.service.test_structured_real import PROMPTS, TOOLS, Person, validated_calls
 
 END_OF_TURN = "<end_of_turn>"
 # Finite, so that the sim backend's random walk always ends; every kind of JSON value.
@@ -179,11 +179,5 @@ def test_the_models_required_tool_calls_validate(client: OpenAI) -> None:
     answers = [ask(CALL_PROMPTS[0])]  # alone: the others find the tools' long system prompt cached
     with ThreadPoolExecutor(len(CALL_PROMPTS)) as pool:
         answers += pool.map(ask, CALL_PROMPTS[1:])
-    names = []
-    for answer in answers:
-        choice = answer.choices[0]
-        assert choice.finish_reason == "tool_calls", choice
-        (call,) = choice.message.tool_calls
-        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
-        names.append(call.function.name)
+    names = validated_calls(answers, schemas)
     assert len(set(names)) >= 3, names  # the model picks among the tools

@@ -97,6 +97,12 @@ def test_required_tool_calls_validate_on_twenty_prompts(client: OpenAI) -> None:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     with ThreadPoolExecutor(10) as pool:
         answers = list(pool.map(lambda p: _required_call(client, p), PROMPTS))
+    names = validated_calls(answers, schemas)
+    assert len(set(names)) >= 3  # the model picks among the tools, not one for everything
+
+
+def validated_calls(answers: list[Any], schemas: dict[str, Any]) -> list[str]:
+    """The tool each answer called, after checking it made exactly one call whose arguments fit the tool's schema."""
     names = []
     for answer in answers:
         choice = answer.choices[0]
@@ -104,7 +110,7 @@ def test_required_tool_calls_validate_on_twenty_prompts(client: OpenAI) -> None:
         (call,) = choice.message.tool_calls
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
         names.append(call.function.name)
-    assert len(set(names)) >= 3  # the model picks among the tools, not one for everything
+    return names
 
 
 def test_streamed_tool_call_reassembles_to_the_same_call(client: OpenAI) -> None:
