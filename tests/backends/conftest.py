@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.numpy_backend.native.build import default_cache_dir
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.matmul import NativeMatmul
 from tests.backends.compiler import require_c_compiler
@@ -36,9 +37,11 @@ def tier(request: pytest.FixtureRequest) -> CpuTier:
 
 
 @pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory: pytest.TempPathFactory, c_compiler: str) -> Path:
-    """One build cache for the session's kernel tests: each source is compiled once per tier."""
-    return tmp_path_factory.mktemp("kernels")
+def kernel_cache(c_compiler: str) -> Path:
+    """The kernels' own build cache (build.py: keyed by a hash of the source and its headers, the flags, the
+    compiler and the CPU), as the backend uses it: each source is compiled once per tier and version, not once
+    per session. The tests of the cache itself build into their own directories."""
+    return default_cache_dir()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ choice of kernels."""
 from __future__ import annotations
 
 import logging
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
 from tests.backends.bounds import assert_within, attention_bound
-from tests.backends.compiler import OWN_TIERS, flags_for, require_gcc
+from tests.backends.compiler import OWN_TIERS, flags_for, require_gcc, start_checked_compile
 from tests.backends.tiers import RUNNABLE
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
@@ -186,26 +185,36 @@ COMPILES = [(tier, OPENMP) for tier in OWN_TIERS] + [(tier, ("-Wno-unknown-pragm
 @pytest.mark.parametrize(("target", "openmp"), COMPILES,
                          ids=lambda v: v.name if isinstance(v, CpuTier) else " ".join(v))
 def test_the_sources_compile_without_warnings(tmp_path: Path, target: CpuTier, openmp: tuple[str, ...]) -> None:
-    """The three sources at once (the cores share them out)."""
-    runs = [subprocess.Popen(["cc", *flags_for(target), *openmp, "-Wall", "-Wextra", "-Werror", "-o",
-                              str(tmp_path / f"{source}.so"), str(SOURCE_DIR / source), "-lm"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for source in SOURCES]
+    """The three sources at once (the cores share them out); a compile that passed before on the same inputs is
+    not repeated (compiler.start_checked_compile)."""
+    runs = [start_checked_compile("cc", [*flags_for(target), *openmp, "-Wall", "-Wextra", "-Werror"],
+                                  [SOURCE_DIR / source], tmp_path / f"{source}.so") for source in SOURCES]
     for source, run in zip(SOURCES, runs, strict=True):
-        _, errors = run.communicate()
-        assert run.returncode == 0, f"{source}: {errors}"
+        status, errors = run.wait()
+        assert status == 0, f"{source}: {errors}"
+
+
+def stand_in_compiler(tmp_path: Path) -> str:
+    """Writes its -o file, compiling nothing: which build the cache keeps and reuses does not depend on what the
+    compiler makes (the kernels' real builds are the rest of the module's)."""
+    path = tmp_path / "stand-in-cc"
+    path.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "stand-in 1"; exit 0; }\n'
+                    'while [ "$1" != -o ]; do shift; done; echo library > "$2"\n')
+    path.chmod(0o755)
+    return str(path)
 
 
 def test_build_is_cached_and_keyed_by_source_and_headers(tmp_path: Path) -> None:
-    source, header = tmp_path / "paged_attention.c", tmp_path / "simd.h"
+    source, header, cc = tmp_path / "paged_attention.c", tmp_path / "simd.h", stand_in_compiler(tmp_path)
     for path in [SOURCE_DIR / "paged_attention.c", *SOURCE_DIR.glob("*.h")]:
         (tmp_path / path.name).write_text(path.read_text())
-    first = build_library(source, host_tier(), tmp_path / "cache")
+    first = build_library(source, host_tier(), tmp_path / "cache", cc)
     mtime = first.stat().st_mtime_ns
-    assert build_library(source, host_tier(), tmp_path / "cache") == first and first.stat().st_mtime_ns == mtime
+    assert build_library(source, host_tier(), tmp_path / "cache", cc) == first and first.stat().st_mtime_ns == mtime
     source.write_text(source.read_text() + "\n/* changed */\n")
-    second = build_library(source, host_tier(), tmp_path / "cache")
+    second = build_library(source, host_tier(), tmp_path / "cache", cc)
     header.write_text(header.read_text() + "\n/* changed */\n")  # an included header is part of the key
-    assert len({first, second, build_library(source, host_tier(), tmp_path / "cache")}) == 3
+    assert len({first, second, build_library(source, host_tier(), tmp_path / "cache", cc)}) == 3
 
 
 def test_missing_compiler_is_a_build_error(tmp_path: Path) -> None:
@@ -238,10 +247,10 @@ def test_a_compiler_without_openmp_builds_single_threaded(tmp_path: Path, monkey
     assert not matmul.threaded and np.array_equal(matmul.project(x, w), x @ w.T)
 
 
-def test_the_default_build_is_threaded(tmp_path: Path) -> None:
+def test_the_default_build_is_threaded(cache_dir: Path) -> None:
     """With gcc (CI's and this machine's compiler) the kernels are built with OpenMP."""
     require_gcc()  # CI=true: a failure when missing
-    assert NativeMatmul(cache_dir=tmp_path, max_rows=4).threaded
+    assert NativeMatmul(cache_dir=cache_dir, max_rows=4).threaded
 
 
 def test_a_library_that_will_not_load_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
