@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,14 @@ import pytest
 
 from backends.base import BackendError, StepBatch
 from backends.config import BackendConfig
-from backends.model.loader import LoadedModel, load_model
+from backends.model.loader import LoadedModel
 from backends.numpy_backend.attention import decode_attention, prefill_attention
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.build import SOURCE_DIR
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.kernels import NativeAttention
-from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.bounds import assert_within, attention_bound
-from tests.backends.compiler import flags_for
+from tests.backends.compiler import flags_for, start_checked_compile
 from tests.backends.test_native_attention import paged_problem
 from tests.backends.test_native_fused_step import Pair, assert_same_step
 
@@ -35,17 +33,18 @@ def cache_dir(kernel_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model(stored=STORED_TYPES)
+def model(real_model_stored: LoadedModel) -> LoadedModel:
+    return real_model_stored
 
 
 def build_half_check(c_compiler: str, tier: CpuTier, directory: Path) -> ctypes.CDLL:
-    library = directory / f"half_check-{tier.name}.so"
+    """half_check.c for the tier, without warnings (compiled again only when its inputs changed)."""
     flags = [*flags_for(tier), "-Wall", "-Werror", f"-I{SOURCE_DIR}"]
-    done = subprocess.run([c_compiler, *flags, "-o", str(library), str(Path(__file__).parent / "half_check.c")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    built = ctypes.CDLL(str(library))
+    build = start_checked_compile(c_compiler, flags, [Path(__file__).parent / "half_check.c"],
+                                  directory / f"half_check-{tier.name}.so")
+    status, errors = build.wait()
+    assert status == 0, errors
+    built = ctypes.CDLL(str(build.output))
     for fn in (built.round_to_half, built.widen_half):
         fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     return built
@@ -152,11 +151,13 @@ def assert_same_half_step(pair: Pair, batch: StepBatch) -> None:
 
 
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_the_fused_step_over_a_float16_cache_matches_the_numpy_forward(model: LoadedModel, block_size: int,
+def test_the_fused_step_over_a_float16_cache_matches_the_numpy_forward(model: LoadedModel, real_model: LoadedModel,
+                                                                       block_size: int,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The default model: decodes at mixed lengths, then a step of a decode, a chunk continuing a cached prefix,
-    a whole new prompt and another decode (the chunk kernel's gather widening float16); both in the fused step."""
-    pair = Pair(model, 2048 // block_size, block_size, kv_cache_dtype="float16")
+    a whole new prompt and another decode (the chunk kernel's gather widening float16); both in the fused step.
+    The reference reads the float32 copy of the weights: the same floats as the stored ones."""
+    pair = Pair(model, 2048 // block_size, block_size, kv_cache_dtype="float16", float32_copy=real_model)
     calls = pair.fused_calls(monkeypatch)
     assert_same_half_step(pair, pair.decode_batch([1, 9, 16, 17, 100, 255, 33]))
     assert_same_half_step(pair, pair.step_batch([40, 17, 0, 100], [1, 7, 20, 1]))

@@ -48,8 +48,8 @@ HALF_TOLERANCES = Tolerances(kv=1e-2, kv_rtol=2.0**-9, logits=2e-2)
 
 
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model()
+def model(real_model: LoadedModel) -> LoadedModel:
+    return real_model
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +62,15 @@ class Pair:
     """The NumPy reference backend and the fused one, with the same paged cache."""
 
     def __init__(self, model: LoadedModel, num_blocks: int, block_size: int, seed: int = 0,
-                 kv_cache_dtype: str = "float32", tier: CpuTier | None = None) -> None:
-        """tier: the CPU tier the fused backend's kernels are built for; None: the host's own."""
+                 kv_cache_dtype: str = "float32", tier: CpuTier | None = None,
+                 float32_copy: LoadedModel | None = None) -> None:
+        """tier: the CPU tier the fused backend's kernels are built for; None: the host's own. float32_copy: the
+        same model with its stored weights dequantized at load, for the reference, which then computes the same
+        floats (test_the_numpy_reference_reads_stored_weights_as_their_float32_copy) without dequantizing every
+        matrix at every step."""
         isa = tier.name if tier is not None else "auto"
-        self.reference, self.fused = (NumpyBackend(model, kernels, kv_cache_dtype=kv_cache_dtype, cpu_isa=isa)
-                                      for kernels in ("numpy", "native"))
+        self.reference, self.fused = (NumpyBackend(weights, kernels, kv_cache_dtype=kv_cache_dtype, cpu_isa=isa)
+                                      for weights, kernels in ((float32_copy or model, "numpy"), (model, "native")))
         self.tolerances = HALF_TOLERANCES if kv_cache_dtype == "float16" else Tolerances()
         for backend in (self.reference, self.fused):
             backend.init_cache(num_blocks, block_size)
@@ -257,8 +261,25 @@ def test_a_replaced_cache_array_is_written_not_the_freed_one(
 
 
 @pytest.fixture(scope="module")
-def stored_model() -> LoadedModel:
-    return load_model(stored=STORED_TYPES)
+def stored_model(real_model_stored: LoadedModel) -> LoadedModel:
+    return real_model_stored
+
+
+def test_the_numpy_reference_reads_stored_weights_as_their_float32_copy(model: LoadedModel,
+                                                                      stored_model: LoadedModel) -> None:
+    """The NumPy forward over the stored weights (gguf's dequantization of each matrix as it is used) and over
+    the float32 copy made at load (the same dequantization, once): the same logits and K/V, bit for bit, on a
+    step of two prompts. So a Pair's reference may run on the copy."""
+    copy, stored = (NumpyBackend(weights, "numpy") for weights in (model, stored_model))
+    for backend in (copy, stored):
+        backend.init_cache(8, 16)
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(1, model.config.vocab_size, n)] for n in (19, 7)]
+    batch = make_batch([SeqState(blocks=[3, 1]), SeqState(blocks=[6])], prompts, 16)
+    np.testing.assert_array_equal(stored.compute_logits(batch), copy.compute_logits(batch))
+    for mine, theirs in zip((*stored.cache.keys, *stored.cache.values), (*copy.cache.keys, *copy.cache.values),
+                            strict=True):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 @pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), ([9, 16, 100, 255, 33, 1, 17], [1] * 7),
@@ -295,7 +316,7 @@ def test_stored_weights_take_steps_of_up_to_512_tokens(model: LoadedModel, store
     chunk's rows attending together (the chunk kernel), as the NumPy reference computes them; float32 matrices
     keep BLAS past 64 rows."""
     assert NumpyBackend(model, "native").forward.fused_step.max_rows == MAX_ROWS  # type: ignore[union-attr]
-    pair = Pair(stored_model, 1024, 16)
+    pair = Pair(stored_model, 1024, 16, float32_copy=model)
     assert pair.fused.forward.fused_step.max_rows == STORED_MAX_ROWS  # type: ignore[union-attr]
     calls = pair.fused_calls(monkeypatch)
     assert_same_step(pair, pair.step_batch(prefixes, chunks))
