@@ -14,7 +14,7 @@ from gguf import quants
 
 from backends.model.config import ModelLoadError
 from backends.model.gguf_file import read_gguf
-from backends.model.loader import load_model, open_model
+from backends.model.loader import LoadedModel, load_model, open_model
 from backends.model.quant import Matrix, QuantMatrix
 from backends.model.weights import ModelWeights, dequantize
 from backends.numpy_backend.backend import NumpyBackend
@@ -93,8 +93,8 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path: Path) -> None:
         load_model(path)
 
 
-def test_default_model_loads_quickly_enough_to_report() -> None:
-    model = load_model()
+def test_default_model_loads_quickly_enough_to_report(real_model: LoadedModel) -> None:
+    model = real_model  # the session's load_model()
     assert model.load_seconds > 0 and model.weights.num_bytes > 500e6  # float32, about 538 MB
 
 
@@ -103,8 +103,8 @@ def _matrices(weights: ModelWeights) -> list[Matrix]:
                                                   for name in ("wqkv", "wo", "w_gate_up", "w_down"))]
 
 
-def test_the_default_model_kept_as_stored_makes_no_float32_copy() -> None:
-    model = load_model(stored=STORED_TYPES)
+def test_the_default_model_kept_as_stored_makes_no_float32_copy(real_model_stored: LoadedModel) -> None:
+    model = real_model_stored  # the session's load_model(stored=STORED_TYPES)
     assert all(isinstance(m, QuantMatrix) for m in _matrices(model.weights)) and not model.weights.dequantized
     assert model.weights.num_bytes < 100e6  # 97 MB as stored (538 MB as float32)
     assert {m.qtype for m in _matrices(model.weights)} == {Q.Q4_1, Q.Q8_0}
