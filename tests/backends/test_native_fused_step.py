@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from backends.base import StepBatch
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
+from backends.model.quant import QuantMatrix, dense
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.fused_step import STORED_MAX_ROWS, NativeFusedStep
@@ -265,21 +267,47 @@ def stored_model(real_model_stored: LoadedModel) -> LoadedModel:
     return real_model_stored
 
 
+def dequantized(model: LoadedModel) -> LoadedModel:
+    """The model with each stored matrix replaced by gguf's float32 values of it (quant.dense): what the NumPy
+    reference computes from the stored matrix at each use, computed once."""
+    weights = model.weights
+    layers = tuple(replace(layer, **{f.name: dense(m) for f in fields(layer)
+                                     if isinstance(m := getattr(layer, f.name), QuantMatrix)})
+                   for layer in weights.layers)
+    embedding = dense(weights.embedding)
+    head = embedding if weights.lm_head is weights.embedding else dense(weights.lm_head)
+    return replace(model, weights=replace(weights, embedding=embedding, layers=layers, lm_head=head))
+
+
+def assert_same_reference(stored_model: LoadedModel, copy: LoadedModel) -> None:
+    """The NumPy forward over the stored weights and over a float32 copy of them: the same logits and K/V, bit
+    for bit, on a step of two prompts."""
+    stored, copied = (NumpyBackend(weights, "numpy") for weights in (stored_model, copy))
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(1, copy.config.vocab_size, n)] for n in (19, 7)]
+    batch = make_batch([SeqState(blocks=[3, 1]), SeqState(blocks=[6])], prompts, 16)
+    for backend in (stored, copied):
+        backend.init_cache(8, 16)
+    np.testing.assert_array_equal(stored.compute_logits(batch), copied.compute_logits(batch))
+    for mine, theirs in zip((*stored.cache.keys, *stored.cache.values), (*copied.cache.keys, *copied.cache.values),
+                            strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
 def test_the_numpy_reference_reads_stored_weights_as_their_float32_copy(model: LoadedModel,
                                                                       stored_model: LoadedModel) -> None:
     """The NumPy forward over the stored weights (gguf's dequantization of each matrix as it is used) and over
-    the float32 copy made at load (the same dequantization, once): the same logits and K/V, bit for bit, on a
-    step of two prompts. So a Pair's reference may run on the copy."""
-    copy, stored = (NumpyBackend(weights, "numpy") for weights in (model, stored_model))
-    for backend in (copy, stored):
-        backend.init_cache(8, 16)
-    rng = np.random.default_rng(0)
-    prompts = [[int(t) for t in rng.integers(1, model.config.vocab_size, n)] for n in (19, 7)]
-    batch = make_batch([SeqState(blocks=[3, 1]), SeqState(blocks=[6])], prompts, 16)
-    np.testing.assert_array_equal(stored.compute_logits(batch), copy.compute_logits(batch))
-    for mine, theirs in zip((*stored.cache.keys, *stored.cache.values), (*copy.cache.keys, *copy.cache.values),
-                            strict=True):
-        np.testing.assert_array_equal(mine, theirs)
+    the float32 copy made at load (the same dequantization, once) give the same floats. So a Pair's reference
+    may run on the copy."""
+    assert_same_reference(stored_model, model)
+
+
+def test_the_numpy_reference_reads_stored_weights_as_dequantized_gives_them(tmp_path: Path) -> None:
+    """The same of dequantized()'s copy, on the tiny Gemma 3 as stored (Q8_0, its embedding tied to the head:
+    the lookup reads rows of the stored matrix, the copy indexes gguf's values of the whole)."""
+    stored = load_model(write_tiny_gemma3(tmp_path / "tiny-gemma3.gguf"), stored=STORED_TYPES)
+    assert isinstance(stored.weights.embedding, QuantMatrix) and stored.weights.lm_head is stored.weights.embedding
+    assert_same_reference(stored, dequantized(stored))
 
 
 @pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), ([9, 16, 100, 255, 33, 1, 17], [1] * 7),
@@ -411,7 +439,7 @@ def test_gemma3_270m_takes_the_fused_step(gemma3: LoadedModel, monkeypatch: pyte
     """The real model (its K-quant layers as stored): the fused step is chosen, and a step of decodes beside a
     prompt chunk past its 512-token window runs in one call, within the bound of the NumPy forward."""
     assert NativeFusedStep.supports(gemma3.config, gemma3.weights)
-    pair = Pair(gemma3, 96, 16)
+    pair = Pair(gemma3, 96, 16, float32_copy=dequantized(gemma3))
     calls = pair.fused_calls(monkeypatch)
     assert_step_within_bound(pair, gemma3, pair.step_batch([600, 5, 0], [1, 1, 40]))
     assert calls == [42]
