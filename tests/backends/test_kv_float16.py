@@ -22,7 +22,7 @@ from backends.numpy_backend.native.kernels import NativeAttention
 from tests.backends.bounds import assert_within, attention_bound
 from tests.backends.compiler import flags_for, start_checked_compile
 from tests.backends.test_native_attention import paged_problem
-from tests.backends.test_native_fused_step import Pair, assert_same_step
+from tests.backends.test_native_fused_step import Pair, assert_same_step, cut
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 HALF_ULP = 2.0**-10  # float16's spacing relative to a value: two roundings of nearby floats may differ by it
@@ -154,10 +154,22 @@ def assert_same_half_step(pair: Pair, batch: StepBatch) -> None:
 def test_the_fused_step_over_a_float16_cache_matches_the_numpy_forward(model: LoadedModel, real_model: LoadedModel,
                                                                        block_size: int,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default model: decodes at mixed lengths, then a step of a decode, a chunk continuing a cached prefix,
-    a whole new prompt and another decode (the chunk kernel's gather widening float16); both in the fused step.
-    The reference reads the float32 copy of the weights: the same floats as the stored ones."""
-    pair = Pair(model, 2048 // block_size, block_size, kv_cache_dtype="float16", float32_copy=real_model)
+    """The default model cut to two layers (test_native_fused_step.cut): decodes at mixed lengths, then a step of a
+    decode, a chunk continuing a cached prefix, a whole new prompt and another decode (the chunk kernel's gather
+    widening float16); both in the fused step. The reference reads the float32 copy of the weights: the same
+    floats as the stored ones."""
+    assert_half_steps_match(cut(model), cut(real_model), block_size, monkeypatch)
+
+
+def test_the_whole_default_model_over_a_float16_cache_matches_the_numpy_forward(
+        model: LoadedModel, real_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All its layers and its whole head, blocks of 16."""
+    assert_half_steps_match(model, real_model, 16, monkeypatch)
+
+
+def assert_half_steps_match(model: LoadedModel, float32_copy: LoadedModel, block_size: int,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    pair = Pair(model, 2048 // block_size, block_size, kv_cache_dtype="float16", float32_copy=float32_copy)
     calls = pair.fused_calls(monkeypatch)
     assert_same_half_step(pair, pair.decode_batch([1, 9, 16, 17, 100, 255, 33]))
     assert_same_half_step(pair, pair.step_batch([40, 17, 0, 100], [1, 7, 20, 1]))

@@ -15,7 +15,7 @@ import pytest
 from backends.base import StepBatch
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, load_model
-from backends.model.quant import QuantMatrix, dense
+from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.fused_step import STORED_MAX_ROWS, NativeFusedStep
@@ -52,6 +52,29 @@ HALF_TOLERANCES = Tolerances(kv=1e-2, kv_rtol=2.0**-9, logits=2e-2)
 @pytest.fixture(scope="module")
 def model(real_model: LoadedModel) -> LoadedModel:
     return real_model
+
+
+def cut(model: LoadedModel, layers: int = 2, vocab: int = 1024) -> LoadedModel:
+    """The model's first `layers` layers and `vocab` tokens (embedding and head rows): each layer's matrices,
+    types and shapes, its norms and its attention heads are the whole model's, so a step runs the same kernels'
+    paths on the same weights, at a fifteenth of the whole model's cost."""
+    weights = model.weights
+
+    def rows(matrix: Matrix) -> Matrix:
+        if isinstance(matrix, QuantMatrix):
+            return QuantMatrix(matrix.qtype, (vocab, matrix.shape[1]), matrix.data[:vocab])
+        return matrix[:vocab]
+
+    embedding = rows(weights.embedding)
+    head = embedding if weights.lm_head is weights.embedding else rows(weights.lm_head)
+    config = replace(model.config, num_layers=layers, vocab_size=vocab)
+    return replace(model, files=replace(model.files, config=config),
+                   weights=replace(weights, layers=weights.layers[:layers], embedding=embedding, lm_head=head))
+
+
+@pytest.fixture(scope="module")
+def cut_model(model: LoadedModel) -> LoadedModel:
+    return cut(model)
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +145,24 @@ def assert_same_step(pair: Pair, batch: StepBatch) -> None:
                                        rtol=tol.kv_rtol)
 
 
+SEVEN_LENS = [1, 9, 16, 17, 100, 255, 33]  # 7 rows: a register block of 4 and 3 left over
+
+
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-@pytest.mark.parametrize("lens", [[200], [1, 9, 16, 17, 100, 255, 33]], ids=["one", "seven"])
-def test_matches_numpy_forward(model: LoadedModel, monkeypatch: pytest.MonkeyPatch, block_size: int,
+@pytest.mark.parametrize("lens", [[200], SEVEN_LENS], ids=["one", "seven"])
+def test_matches_numpy_forward(cut_model: LoadedModel, monkeypatch: pytest.MonkeyPatch, block_size: int,
                                lens: list[int]) -> None:
-    """The default model, sequences at mixed lengths (7 rows: a register block of 4 and 3 left over)."""
+    """The default model cut to two layers (cut()), sequences at mixed lengths."""
+    assert_decodes_match(cut_model, monkeypatch, block_size, lens)
+
+
+def test_the_whole_default_model_matches_numpy_forward(model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All its layers and its whole head: seven sequences at mixed lengths, blocks of 16."""
+    assert_decodes_match(model, monkeypatch, 16, SEVEN_LENS)
+
+
+def assert_decodes_match(model: LoadedModel, monkeypatch: pytest.MonkeyPatch, block_size: int,
+                         lens: list[int]) -> None:
     pair = Pair(model, 2048 // block_size, block_size)
     calls = pair.fused_calls(monkeypatch)
     assert_same_step(pair, pair.decode_batch(lens))
@@ -267,6 +303,11 @@ def stored_model(real_model_stored: LoadedModel) -> LoadedModel:
     return real_model_stored
 
 
+@pytest.fixture(scope="module")
+def cut_stored(stored_model: LoadedModel) -> LoadedModel:
+    return cut(stored_model)
+
+
 def dequantized(model: LoadedModel) -> LoadedModel:
     """The model with each stored matrix replaced by gguf's float32 values of it (quant.dense): what the NumPy
     reference computes from the stored matrix at each use, computed once."""
@@ -310,14 +351,29 @@ def test_the_numpy_reference_reads_stored_weights_as_dequantized_gives_them(tmp_
     assert_same_reference(stored, dequantized(stored))
 
 
-@pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), ([9, 16, 100, 255, 33, 1, 17], [1] * 7),
-                                                  ([40, 17, 0, 100], [1, 7, 20, 1]), ([0, 3], [520, 1])],
+SEVEN_DECODES = ([9, 16, 100, 255, 33, 1, 17], [1] * 7)
+
+
+@pytest.mark.parametrize(("prefixes", "chunks"), [([0], [5]), SEVEN_DECODES, ([40, 17, 0, 100], [1, 7, 20, 1]),
+                                                  ([0, 3], [520, 1])],
                          ids=["prompt", "seven decodes", "mixed", "per-layer path"])
-def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, stored_model: LoadedModel,
+def test_weights_as_stored_give_the_float32_copys_floats(cut_model: LoadedModel, cut_stored: LoadedModel,
                                                          prefixes: list[int], chunks: list[int]) -> None:
     """The default model's Q4_1 layers and Q8_0 head read as stored, against the same model dequantized to
-    float32 at load: the same logits and K/V, bit for bit, on the fused step and on the per-layer path, where
-    the stored weights are summed in 8 lanes; within float32 rounding of them where in 16 (AVX-512)."""
+    float32 at load, both cut to two layers (cut()): the same logits and K/V, bit for bit, on the fused step and
+    on the per-layer path, where the stored weights are summed in 8 lanes; within float32 rounding of them where
+    in 16 (AVX-512)."""
+    assert_stored_gives_the_copys_floats(cut_model, cut_stored, prefixes, chunks)
+
+
+def test_the_whole_default_models_stored_weights_give_the_float32_copys_floats(model: LoadedModel,
+                                                                              stored_model: LoadedModel) -> None:
+    """All its layers and its whole head, seven decodes."""
+    assert_stored_gives_the_copys_floats(model, stored_model, *SEVEN_DECODES)
+
+
+def assert_stored_gives_the_copys_floats(model: LoadedModel, stored_model: LoadedModel, prefixes: list[int],
+                                         chunks: list[int]) -> None:
     pair = Pair(model, 512, 16)
     stored = NumpyBackend(stored_model, "native")
     stored.init_cache(512, 16)
@@ -334,15 +390,30 @@ def test_weights_as_stored_give_the_float32_copys_floats(model: LoadedModel, sto
         check(mine, theirs)
 
 
-@pytest.mark.parametrize(("prefixes", "chunks"), [([0, 40, 7], [300, 1, 12]), ([0, 5, 33, 200, 7], [17, 64, 1, 40, 3]),
+CHUNKS_AND_DECODES = ([0, 5, 33, 200, 7], [17, 64, 1, 40, 3])
+
+
+@pytest.mark.parametrize(("prefixes", "chunks"), [([0, 40, 7], [300, 1, 12]), CHUNKS_AND_DECODES,
                                                   ([3, 0, 9], [1, 2, 509])],
                          ids=["prompt beside a decode", "chunks and decodes", "512 rows"])
-def test_stored_weights_take_steps_of_up_to_512_tokens(model: LoadedModel, stored_model: LoadedModel,
+def test_stored_weights_take_steps_of_up_to_512_tokens(cut_model: LoadedModel, cut_stored: LoadedModel,
                                                        monkeypatch: pytest.MonkeyPatch, prefixes: list[int],
                                                        chunks: list[int]) -> None:
-    """Every layer matrix as stored: prompts, chunks continuing cached prefixes and decodes in one fused call, each
-    chunk's rows attending together (the chunk kernel), as the NumPy reference computes them; float32 matrices
-    keep BLAS past 64 rows."""
+    """Every layer matrix as stored, the default model cut to two layers (cut()): prompts, chunks continuing
+    cached prefixes and decodes in one fused call, each chunk's rows attending together (the chunk kernel), as the
+    NumPy reference computes them; float32 matrices keep BLAS past 64 rows."""
+    assert_stored_steps_match(cut_model, cut_stored, monkeypatch, prefixes, chunks)
+
+
+def test_the_whole_default_model_takes_a_stored_step_of_chunks_and_decodes(
+        model: LoadedModel, stored_model: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """All its layers and its whole head, as stored."""
+    assert_stored_steps_match(model, stored_model, monkeypatch, *CHUNKS_AND_DECODES)
+
+
+def assert_stored_steps_match(model: LoadedModel, stored_model: LoadedModel, monkeypatch: pytest.MonkeyPatch,
+                              prefixes: list[int], chunks: list[int]) -> None:
+    """model: the float32 copy of stored_model."""
     assert NumpyBackend(model, "native").forward.fused_step.max_rows == MAX_ROWS  # type: ignore[union-attr]
     pair = Pair(stored_model, 1024, 16, float32_copy=model)
     assert pair.fused.forward.fused_step.max_rows == STORED_MAX_ROWS  # type: ignore[union-attr]
