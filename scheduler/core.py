@@ -73,7 +73,8 @@ class EngineCore:
         self._planned_at = 0.0  # when the step being run was planned: its time runs from there to its tokens
         self.observer: EngineObserver = observer or NullObserver()
         self._observes_steps = observes_steps(self.observer)
-        self.observer.itl_target(self.scheduler.itl_target.seconds)
+        self._itl_limit_s = self.scheduler.itl_limit_s
+        self.observer.itl_target(self._itl_limit_s)
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
         self.accepting = True
@@ -174,6 +175,9 @@ class EngineCore:
         self._planned_at = self.clock()
         plan = self.scheduler.schedule()
         now = self.clock()
+        if self.scheduler.itl_limit_s != self._itl_limit_s:  # "auto" moved the limit in force
+            self._itl_limit_s = self.scheduler.itl_limit_s
+            self.observer.itl_target(self._itl_limit_s)
         for seq in plan.preempted:
             self.observer.request_preempted(seq.request_id, now)
         for seq in plan.admitted:  # the only way into a batch: a first schedule is an admission

@@ -1,15 +1,19 @@
-"""The ITL target in force: the number of ms configured, or, under "auto", one derived from the step-cost model's
-prediction for a full decode step, so that a slow host gets a target its own steps can meet.
+"""The ITL target in force: the number of ms configured, or, under "auto", a limit each step sets from its own
+decode part and the prompts waiting, so that a slow host and a burst of newcomers both get a target they can meet.
 
-A fixed 100 ms suits a GPU, whose decode steps take 10-30 ms: prefill has most of the target. On a busy 2-core
-CPU a decode step of 16 rows takes about as long as 100 ms alone, so the planner could add no more than the
-minimum chunk of prompt beside it: prompts queued behind one another, fewer streams decoded, and that cost up
-to a quarter of the throughput and 2-2.7x the TTFT p99 (docs/PERFORMANCE.md, "The auto ITL target"). Scaling
-the target with what a decode step costs on this host keeps a share of every step for prefill wherever the
-model runs.
+A fixed 100 ms suits a GPU, whose decode steps take 10-30 ms: prefill has most of the target. On a 2-core CPU a
+decode step of 16 rows takes 60-100 ms alone, so the planner could add little more than the minimum chunk of
+prompt beside it: prompts queued behind one another, and at 16 streams that cost up to a quarter of the
+throughput and 1.7-6x the TTFT p99 of no target (docs/PERFORMANCE.md, "The auto ITL target"). "auto" lets a
+step that prefills beside decoding sequences take DECODE_MULTIPLE x what its decode part alone is predicted to
+take (at least the floor): each decoding stream's gap is then a bounded multiple of its usual one, whatever
+the host's speed, the batch or the load of the moment (the decode part is priced by the refitted model, on
+the shape it sees most). While more prompts wait than sequences decode (a burst: every stream of a closed
+loop starting together), the limit stretches by their ratio: a waiting prompt's first token weighs as much
+as a decoding stream's next one, so the few streams already decoding do not hold the many back.
 
-The scheduler derives it once, from the model as calibrated at start-up (scheduler/scheduler.py says why not
-from its later refits); service/assemble.py logs it and /metrics shows it (`pagedserve:itl_target_seconds`).
+The scheduler asks limit_seconds() at each step that prefills beside decodes; service/assemble.py logs the rule
+and /metrics shows the limit of the latest such step (`pagedserve:itl_target_seconds`).
 """
 
 from __future__ import annotations
@@ -20,28 +24,23 @@ from backends.step_shape import CostCoefficients, StepShape
 from scheduler.config import AUTO, SchedulerConfig
 
 FLOOR_MS = 100.0  # the old fixed default: on a fast host, where a decode step is short, nothing changes
-# The target is MULTIPLE x a full decode step (max_num_seqs rows). 0.5 is measured: three A/B runs over HTTP
-# on a busy 2-core host, 16 streams of 256/128 tokens against no target (docs/PERFORMANCE.md, "The auto ITL
-# target"). At 0.5 (targets of 377-673 ms there) ITL p99 was 1.9-2.4x TPOT p50, close under the 2.5x goal, so
-# a larger multiple would break it; a smaller one nears the host's own decode step, where 100 ms was: TTFT
-# p99 2.0-2.7x, while 0.5 gave 1.0-1.6x and 0.91-0.99x the throughput. The same host quiet calibrates a
-# 64-row step under 200 ms, so it keeps the floor, which meets the goals there (0.97x, 1.45x, 2.0x).
-MULTIPLE = 0.5
-# Tokens of context each row of that step holds: those of the calibration's own decode steps (16-token prompts
-# and their first tokens, scheduler/calibration.py). Its per-KV-token cost is fitted on a few hundred KV tokens
-# at most, and calibrations on the busy host put it anywhere from 0 to 440 us, which at 512 tokens a row would
-# have made the target 4-15 s. So the step is what the calibration measured, extended in rows only; MULTIPLE,
-# measured on real loads, covers their longer contexts.
+# Under "auto" a step that prefills beside decoding sequences may take DECODE_MULTIPLE x its decode part's
+# predicted time (at least the floor): every decoding stream's gap is then at most that multiple of a plain
+# decode step's, which is the goal's own measure (ITL p99 at most 2.5x TPOT p50), with room for the fit's error.
+DECODE_MULTIPLE = 2.0
+# The log's example of what the rule gives: a decode step of max_num_seqs rows of the calibration's own context
+# (16-token prompts and their first tokens, scheduler/calibration.py).
 ROW_CONTEXT = 16
 
 
 @dataclass(frozen=True)
 class ItlTarget:
-    """The target the scheduler holds steps to, and where it came from."""
+    """The target the scheduler holds steps to: a configured number, or under "auto" a rule, with the full
+    decode step predicted at start-up for the log."""
 
-    ms: float  # 0: off
-    auto: bool = False  # derived from the decode step below
-    decode_step_ms: float = 0.0  # auto: the predicted time of a full decode step
+    ms: float  # 0: off; under "auto", the floor
+    auto: bool = False  # derived, step by step, from the step's decode part and the prompts waiting
+    decode_step_ms: float = 0.0  # auto: the start-up prediction of a full decode step (for the log)
     rows: int = 0  # that step's rows (max_num_seqs)
     row_context: int = 0  # and each row's tokens of context
 
@@ -49,23 +48,35 @@ class ItlTarget:
     def seconds(self) -> float:
         return self.ms / 1e3
 
+    def limit_seconds(self, decode_s: float, decoding: int, prefilling: int) -> float:
+        """How long a step that decodes `decoding` rows (their part predicted at `decode_s`) may take while
+        `prefilling` prompts wait for all or part of theirs. A configured number is that number. "auto" is
+        DECODE_MULTIPLE x the decode part, at least the floor, stretched by prefilling / decoding when more
+        prompts wait than sequences decode: a burst of newcomers is then not spread over steps sized for the
+        few streams already decoding (each waiting prompt's first token weighs as much as a decoding stream's
+        next one)."""
+        if not self.auto:
+            return self.seconds
+        base = max(self.seconds, DECODE_MULTIPLE * decode_s)
+        return base * max(1.0, prefilling / max(1, decoding))
+
     def describe(self) -> str:
         """For the start-up log."""
         if not self.auto:
             return "off (0)" if self.ms == 0 else f"{self.ms:g} ms (as configured)"
-        return (f"{self.ms:g} ms (auto: {MULTIPLE:g}x the {self.decode_step_ms:.1f} ms the step-cost model "
-                f"predicts for a decode step of {self.rows} rows of {self.row_context} tokens, at least "
-                f"{FLOOR_MS:g} ms)")
+        full = max(self.ms, DECODE_MULTIPLE * self.decode_step_ms)
+        return (f"auto: a step that prefills beside decoding sequences may take {DECODE_MULTIPLE:g}x its decode "
+                f"part's predicted time, at least {self.ms:g} ms, and longer while more prompts wait than "
+                f"sequences decode ({full:.0f} ms with {self.rows} rows of {self.row_context} tokens decoding, "
+                f"whose step the start-up calibration predicts at {self.decode_step_ms:.1f} ms)")
 
 
 def resolve_itl_target(config: SchedulerConfig, coefficients: CostCoefficients, max_model_len: int) -> ItlTarget:
-    """The configured number, or under "auto" MULTIPLE x a full decode step as `coefficients` predict it,
-    rounded to whole ms and at least FLOOR_MS."""
+    """The configured number, or "auto"'s rule with the full decode step that `coefficients` predict."""
     if config.itl_target_ms != AUTO:
         return ItlTarget(float(config.itl_target_ms))
     rows, context = config.max_num_seqs, max(1, min(ROW_CONTEXT, max_model_len))
-    step_ms = 1e3 * decode_step_seconds(coefficients, rows, context)
-    return ItlTarget(float(max(FLOOR_MS, round(MULTIPLE * step_ms))), True, step_ms, rows, context)
+    return ItlTarget(FLOOR_MS, True, 1e3 * decode_step_seconds(coefficients, rows, context), rows, context)
 
 
 def decode_step_seconds(coefficients: CostCoefficients, rows: int, row_context: int) -> float:

@@ -85,12 +85,11 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.cost = cost  # predicts each step's time; with itl_target_ms, sizes prefill to fit the target
-        # "auto" is derived once, from the model as calibrated at start-up on steps of designed shapes. The
-        # online refits see mostly one shape (a steady batch decoding), which does not tell the per-row cost
-        # from the per-KV-token one: on 16 streams their prediction for a 64-row step swung 0.5-3 s within
-        # 90 s of steady load. Without a model there is nothing to hold steps to.
+        # "auto" prices each step's own decode part with the current (refitted) model: the shape it sees most,
+        # so the one it predicts best. Without a model there is nothing to hold steps to.
         self.itl_target = ItlTarget(0.0) if cost is None else resolve_itl_target(config, cost.coefficients,
                                                                                  max_model_len)
+        self.itl_limit_s = self.itl_target.seconds  # the limit of the last step that prefilled beside decodes
         # The longest a sequence may grow: the context, or the whole pool when that holds fewer tokens (a
         # sequence that outgrew the pool would preempt itself forever). Reaching it ends it with "length".
         self.max_seq_len = min(max_model_len, kv.max_sequence_tokens)
@@ -246,8 +245,9 @@ class Scheduler:
             return None
         n, context = int(decoding.sum()), int((starts[decoding] + 1).sum())
         decode = self.cost.coefficients.seconds(StepShape(n, n, context, context))
+        self.itl_limit_s = target.limit_seconds(decode, n, len(self.waiting) + len(rows) - n)
         # The planner fills steps up to the limit, so a fit 1 % low would put most of them just over: aim under.
-        limit = AIM * target.seconds / self.cost.headroom
+        limit = AIM * self.itl_limit_s / self.cost.headroom
         return PrefillTime(self.cost.coefficients, limit, decode, n, self.config.min_prefill_chunk)
 
     # --- applying a step's results ---------------------------------------------------------------

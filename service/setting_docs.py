@@ -130,9 +130,10 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "times a sequence may be preempted and recomputed; the next preemption fails its request with 503 "
         "kv_cache_exhausted; 0: the first does"),
     "scheduler.itl_target_ms": SettingDoc(
-        "ms a step may take while sequences decode: prefill beside them is cut to fit; auto: derived at "
-        "start-up from the calibrated cost of a decode step of max_num_seqs rows (the log and /metrics' "
-        "itl_target_seconds say what); 0: off, prefill takes the token budget (docs/CONFIG.md: The ITL target)",
+        "ms a step may take while sequences decode: prefill beside them is cut to fit; auto: twice the step's "
+        "decode part, at least 100 ms, stretched while more prompts wait than sequences decode (/metrics' "
+        "itl_target_seconds shows the limit in force); 0: off, prefill takes the token budget "
+        "(docs/CONFIG.md: The ITL target)",
         values="auto or ms", default="`auto` (at least 100 ms)"),
     "scheduler.min_prefill_chunk": SettingDoc("prompt tokens a step's first prompt chunk always gets, however "
                                               "tight the ITL target"),

@@ -112,7 +112,8 @@ class EngineObserver(Protocol):
         ...
 
     def itl_target(self, seconds: float) -> None:
-        """The inter-token-latency target the scheduler holds steps to (0: off), once, as the engine is built."""
+        """The inter-token-latency target the scheduler holds steps to (0: off): as the engine is built, and
+        again whenever "auto" sets a new limit for a step that prefills beside decodes."""
         ...
 
 

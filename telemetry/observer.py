@@ -119,7 +119,7 @@ class Telemetry:
             self._worker.put(self.metrics.step_failed, cause)
 
     def itl_target(self, seconds: float) -> None:
-        # set at once, not through the worker: once per engine, and shown even with traces and the worker off
+        # set at once, not through the worker (a dict store): shown even with traces and the worker off
         self.metrics.gauges["itl_target_seconds"] = seconds
 
     def _queued(self, request_id: str, now: float, prompt_tokens: int, params: Any, trace_context: Any) -> None:

@@ -4,12 +4,13 @@
     python -m bench.experiments.itl_target [--scale 1] [--rounds 2] [--skip-numpy] [--no-doc] [--no-progress]
                                            [--numpy-targets 0,auto,100 --http-only --out-dir DIR]  (an A/B over HTTP)
 
-A target is a number of ms (0 = off: the fixed token budget) or `auto` (the default: derived from the calibrated
-cost of a full decode step, scheduler/itl_target.py); each row says the target in force, for auto as the server's
-/metrics (`pagedserve:itl_target_seconds`) or the engine reported it. NumPy over HTTP: one `pagedserve serve` per
+A target is a number of ms (0 = off: the fixed token budget) or `auto` (the default: set step by step from the
+step's decode part and the prompts waiting, scheduler/itl_target.py); each row says the target in force, for auto
+the limit of the last step that prefilled beside decodes, as the server's /metrics
+(`pagedserve:itl_target_seconds`) or the engine reported it. NumPy over HTTP: one `pagedserve serve` per
 target, all started first; 16 closed-loop clients, 256-token random prompts, 128 output tokens; the targets take
 turns round after round, so a host that speeds up or slows down moves them alike, and each point pools its
-rounds (the JSON keeps each round's throughput and TTFT p99 too). NumPy engine alone: the same load stepped in
+rounds (the JSON keeps each round's throughput, TTFT p99 and ITL p99 / TPOT p50 too). NumPy engine alone: the same load stepped in
 this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps, to tell the
 scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
 virtual clock (bench/closed_loop_sim.py) for a Llama-3-8B shape on the h100 profile with the throughput preset
@@ -68,7 +69,7 @@ SIM_LOAD = Load(clients=64, prompt_len=1024, output_len=128, requests=384)
 class Row:
     """One target's figures (ms, tokens/s)."""
 
-    target_ms: float  # the target in force (for auto: as derived at start-up)
+    target_ms: float  # the target in force (for auto: the last step's limit that prefilled beside decodes)
     itl_p99: float
     tpot_p50: float
     ttft_p99: float
@@ -77,10 +78,12 @@ class Row:
     steps: int = 0  # engine steps the server counted over the measured requests (HTTP rows only; 0: not read)
     step_seconds: float = 0.0  # and their summed time
     auto: bool = False  # target_ms was derived ("auto"), not given
-    # each round's output tokens/s and TTFT p99 (ms), HTTP rows only: on a shared host the spread between
-    # rounds says how far the pooled figures can be trusted
+    # each round's output tokens/s, TTFT p99 and ITL p99 / TPOT p50, HTTP rows only: on a shared host the
+    # spread between rounds says how far the pooled figures can be trusted, and the first round (every
+    # stream starting at once) is a burst the later rounds are not
     round_throughput: tuple[float, ...] = ()
     round_ttft_p99: tuple[float, ...] = ()
+    round_stall_ratio: tuple[float, ...] = ()
 
     @property
     def stall_ratio(self) -> float:
@@ -144,7 +147,14 @@ def _pooled(target: TargetMs, runs: Sequence[tuple[Measurement, StepUse]]) -> Ro
                1e3 * _ttft_p99(ok), tokens / seconds, len(ok), sum(u.steps for _, u in runs),
                sum(u.seconds for _, u in runs), target == AUTO,
                tuple(m.summary.output_tokens / m.summary.duration_s for m in measurements),
-               tuple(1e3 * _ttft_p99(m.requests) for m in measurements))
+               tuple(1e3 * _ttft_p99(m.requests) for m in measurements),
+               tuple(_stall_ratio(m.requests) for m in measurements))
+
+
+def _stall_ratio(requests: Sequence[RequestMetrics]) -> float:
+    """ITL p99 / TPOT p50 over `requests`."""
+    itl = [gap for r in requests for gap in r.itls]
+    return float(np.percentile(itl, 99) / np.percentile([r.tpot for r in requests if r.tpot is not None], 50))
 
 
 def _ttft_p99(requests: Sequence[RequestMetrics]) -> float:

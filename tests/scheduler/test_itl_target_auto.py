@@ -1,5 +1,6 @@
-"""The ITL target in force: a configured number as given, "auto" derived once from a full decode step's predicted
-cost (at least the floor), the planner holding steps to the derived target, and the engine reporting it."""
+"""The ITL target in force: a configured number as given; "auto" a multiple of each step's decode part (at least
+the floor), stretched while more prompts wait than sequences decode; the planner holding steps to it, and the
+engine reporting the limit in force."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ from backends.step_shape import CostCoefficients, StepShape
 from kvpool import PagedKVCacheManager
 from scheduler.config import AUTO, SchedulerConfig
 from scheduler.core import EngineCore
-from scheduler.itl_target import FLOOR_MS, MULTIPLE, ROW_CONTEXT, ItlTarget, decode_step_seconds, resolve_itl_target
+from scheduler.itl_target import (
+    DECODE_MULTIPLE,
+    FLOOR_MS,
+    ROW_CONTEXT,
+    ItlTarget,
+    decode_step_seconds,
+    resolve_itl_target,
+)
+from scheduler.params import SamplingParams
+from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler
 from scheduler.step_cost import StepCostModel
 from telemetry.interface import NullObserver
-from tests.scheduler.fake_model import CharTokenizer
+from tests.scheduler.fake_model import CharTokenizer, PositionBackend, run_step
 from tests.scheduler.helpers import EOS, make_seqs, step
 
 # A slow host's calibration: 20 ms a step, 6 ms a decoded row (token and sampled row), KV reads and attention
@@ -27,25 +37,27 @@ def slow_step_ms(rows: int, row_context: int) -> float:
     return 20 + rows * 6 + rows * row_context * 12e-3
 
 
-def test_a_slow_hosts_target_is_the_multiple_of_its_full_decode_step() -> None:
+def test_auto_is_the_floor_and_a_multiple_of_the_steps_decode_part() -> None:
     target = resolve_itl_target(SchedulerConfig(max_num_seqs=64), SLOW, max_model_len=8192)
-    step_ms = slow_step_ms(64, ROW_CONTEXT)
-    assert target.decode_step_ms == pytest.approx(step_ms)
-    assert target == ItlTarget(round(MULTIPLE * step_ms), True, target.decode_step_ms, 64, ROW_CONTEXT)
-    assert target.ms > FLOOR_MS and target.seconds == target.ms / 1e3
+    assert target == ItlTarget(FLOOR_MS, True, target.decode_step_ms, 64, ROW_CONTEXT)
+    assert target.decode_step_ms == pytest.approx(slow_step_ms(64, ROW_CONTEXT))  # for the log
+    assert target.limit_seconds(0.030, decoding=4, prefilling=1) == FLOOR_MS / 1e3  # 2 x 30 ms: under the floor
+    assert target.limit_seconds(0.080, decoding=4, prefilling=4) == pytest.approx(DECODE_MULTIPLE * 0.080)
 
 
-def test_the_full_step_is_the_configured_batch_at_a_context_the_model_allows() -> None:
+def test_auto_stretches_while_more_prompts_wait_than_sequences_decode() -> None:
+    target = resolve_itl_target(SchedulerConfig(), SLOW, max_model_len=8192)
+    assert target.limit_seconds(0.080, decoding=1, prefilling=15) == pytest.approx(15 * DECODE_MULTIPLE * 0.080)
+    assert target.limit_seconds(0.020, decoding=2, prefilling=6) == pytest.approx(3 * FLOOR_MS / 1e3)
+    assert target.limit_seconds(0.080, decoding=8, prefilling=8) == pytest.approx(DECODE_MULTIPLE * 0.080)
+
+
+def test_the_full_step_for_the_log_is_the_configured_batch_at_a_context_the_model_allows() -> None:
     small = resolve_itl_target(SchedulerConfig(max_num_seqs=16), SLOW, max_model_len=8192)
     short = resolve_itl_target(SchedulerConfig(max_num_seqs=64), SLOW, max_model_len=ROW_CONTEXT // 2)
     assert small.rows == 16 and small.decode_step_ms == pytest.approx(slow_step_ms(16, ROW_CONTEXT))
     assert short.row_context == ROW_CONTEXT // 2
     assert short.decode_step_ms == pytest.approx(slow_step_ms(64, ROW_CONTEXT // 2))
-
-
-def test_a_fast_host_keeps_the_floor() -> None:
-    target = resolve_itl_target(SchedulerConfig(max_num_seqs=256), FAST, max_model_len=8192)
-    assert target.auto and target.ms == FLOOR_MS and MULTIPLE * target.decode_step_ms < FLOOR_MS
 
 
 def test_a_step_past_the_backends_large_path_counts_its_jump() -> None:
@@ -57,7 +69,8 @@ def test_a_step_past_the_backends_large_path_counts_its_jump() -> None:
 @pytest.mark.parametrize("ms", [0.0, 50.0, 100.0, 250.0])
 def test_a_configured_number_is_the_target_whatever_the_cost(ms: float) -> None:
     for coefficients in (SLOW, FAST):
-        assert resolve_itl_target(SchedulerConfig(itl_target_ms=ms), coefficients, 8192) == ItlTarget(ms)
+        target = resolve_itl_target(SchedulerConfig(itl_target_ms=ms), coefficients, 8192)
+        assert target == ItlTarget(ms) and target.limit_seconds(5.0, decoding=1, prefilling=50) == ms / 1e3
 
 
 def test_auto_is_the_default() -> None:
@@ -73,10 +86,12 @@ def test_bad_targets_are_refused(bad: object) -> None:
 
 def test_the_log_says_what_an_auto_target_came_from() -> None:
     target = resolve_itl_target(SchedulerConfig(max_num_seqs=64), SLOW, 8192)
-    text = target.describe()
-    assert text.startswith(f"{target.ms:g} ms (auto: {MULTIPLE:g}x the {slow_step_ms(64, ROW_CONTEXT):.1f} ms "
-                           "the step-cost model predicts")
-    assert f"decode step of 64 rows of {ROW_CONTEXT} tokens" in text and f"at least {FLOOR_MS:g} ms" in text
+    full = slow_step_ms(64, ROW_CONTEXT)
+    assert target.describe() == (
+        f"auto: a step that prefills beside decoding sequences may take {DECODE_MULTIPLE:g}x its decode part's "
+        f"predicted time, at least {FLOOR_MS:g} ms, and longer while more prompts wait than sequences decode "
+        f"({DECODE_MULTIPLE * full:.0f} ms with 64 rows of {ROW_CONTEXT} tokens decoding, whose step the start-up "
+        f"calibration predicts at {full:.1f} ms)")
     assert ItlTarget(0.0).describe() == "off (0)" and ItlTarget(50.0).describe() == "50 ms (as configured)"
 
 
@@ -85,29 +100,49 @@ def planner(config: SchedulerConfig) -> Scheduler:
                      StepCostModel(SLOW, refit_every=10**9))
 
 
-def test_the_planner_holds_mixed_steps_to_the_derived_target() -> None:
-    s = planner(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, min_prefill_chunk=8))
-    limit = s.itl_target.seconds
-    assert s.itl_target.auto and limit > FLOOR_MS / 1e3  # a target the old fixed default would not have given
+def decoding_nine(s: Scheduler) -> None:
     for i in range(9):
         s.add(make_seqs(i * 10, 16, max_tokens=50))
     step(s)  # the prompts; from now on they decode
+
+
+def test_the_planner_holds_mixed_steps_to_twice_their_decode_part() -> None:
+    s = planner(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, min_prefill_chunk=8))
+    decoding_nine(s)
     s.add(make_seqs(100, 400, max_tokens=4))
     plan = step(s)
+    decode = SLOW.seconds(StepShape(9, 9, 9 * 17, 9 * 17))  # each row's 16 prompt tokens and its first token
     assert plan.decode_tokens == 9 and 8 < plan.prefill_tokens < 400  # more than the minimum, cut to fit
-    assert FLOOR_MS / 1e3 < plan.predicted_s <= limit  # filled past what 100 ms allowed, within the target
+    assert FLOOR_MS / 1e3 < plan.predicted_s <= DECODE_MULTIPLE * decode  # filled past what 100 ms allowed
+    assert s.itl_limit_s == pytest.approx(DECODE_MULTIPLE * decode)
 
 
-@pytest.mark.parametrize("configured", [AUTO, 150.0])
-def test_the_target_stays_as_derived_when_the_model_is_refitted(configured: float | str) -> None:
-    s = planner(SchedulerConfig(itl_target_ms=configured))  # type: ignore[arg-type]
-    assert s.cost is not None
-    before = s.itl_target
-    for rows in range(1, 49):  # the host became twice as slow: measured steps take twice the prediction
-        shape = StepShape(rows, rows, rows * 100, rows * 100)
-        s.cost.observe(shape, 2 * SLOW.seconds(shape))
-    s.cost.refit()
-    assert s.cost.coefficients != SLOW and s.itl_target == before  # the model moved, the target did not
+def test_a_burst_of_prompts_gets_longer_steps_than_a_single_newcomer() -> None:
+    config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, min_prefill_chunk=8)
+    one, burst = planner(config), planner(config)
+    for s, newcomers in ((one, 1), (burst, 27)):
+        decoding_nine(s)
+        for i in range(newcomers):
+            s.add(make_seqs(200 + i * 10, 400, max_tokens=4))
+    alone, crowded = step(one), step(burst)
+    assert burst.itl_limit_s == pytest.approx(3 * one.itl_limit_s)  # 27 prompts waiting to 9 decoding
+    assert crowded.prefill_tokens > 2 * alone.prefill_tokens and crowded.predicted_s <= burst.itl_limit_s
+
+
+def test_auto_follows_the_refitted_model_and_a_number_stays() -> None:
+    auto, fixed = (planner(SchedulerConfig(itl_target_ms=t)) for t in (AUTO, 150.0))  # type: ignore[arg-type]
+    for s in (auto, fixed):
+        decoding_nine(s)
+        s.add(make_seqs(100, 400, max_tokens=4))
+    before = [step(s) and s.itl_limit_s for s in (auto, fixed)]
+    for s in (auto, fixed):
+        assert s.cost is not None
+        for rows in range(1, 49):  # the host became twice as slow: measured steps take twice the prediction
+            shape = StepShape(rows, rows, rows * 100, rows * 100)
+            s.cost.observe(shape, 2 * SLOW.seconds(shape))
+        s.cost.refit()
+    after = [step(s) and s.itl_limit_s for s in (auto, fixed)]
+    assert after[0] > 1.5 * before[0] and after[1] == before[1] == 0.150
 
 
 class TargetReader(NullObserver):
@@ -119,14 +154,22 @@ class TargetReader(NullObserver):
 
 
 @pytest.mark.parametrize("configured", [AUTO, 0.0, 75.0])
-def test_the_engine_reports_the_target_in_force_once(configured: float | str) -> None:
+def test_the_engine_reports_the_limit_in_force(configured: float | str) -> None:
     reader = TargetReader()
-    config = SchedulerConfig(itl_target_ms=configured)  # type: ignore[arg-type]
+    config = SchedulerConfig(itl_target_ms=configured, max_num_batched_tokens=64)  # type: ignore[arg-type]
     core = EngineCore(config, PagedKVCacheManager(256, 16), CharTokenizer(), max_model_len=2048, observer=reader,
-                      cost=StepCostModel(SLOW))
-    assert reader.seconds == [core.scheduler.itl_target.seconds]
-    expected = resolve_itl_target(config, SLOW, 2048).ms if configured == AUTO else configured
-    assert core.scheduler.itl_target.ms == expected
+                      cost=StepCostModel(SLOW, refit_every=10**9))
+    assert reader.seconds == [FLOOR_MS / 1e3 if configured == AUTO else float(configured) / 1e3]
+    backend = PositionBackend()
+    core.add_request(EngineRequest("a", (5,) * 8, SamplingParams(max_tokens=20, ignore_eos=True)))
+    assert run_step(core, backend)  # the first prompt: it decodes from now on
+    for rid in "bcd":
+        core.add_request(EngineRequest(rid, (6,) * 200, SamplingParams(max_tokens=2, ignore_eos=True)))
+    assert run_step(core, backend)  # a step that prefills beside a decode, three prompts waiting
+    if configured == AUTO:  # 2x a decoding row is under the floor, stretched 3x for the prompts
+        assert reader.seconds == [0.1, pytest.approx(0.3)] and core.scheduler.itl_limit_s == pytest.approx(0.3)
+    else:
+        assert reader.seconds == [float(configured) / 1e3]
 
 
 def test_a_decode_shape_is_one_token_and_one_sampled_row_per_sequence() -> None:

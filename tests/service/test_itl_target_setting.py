@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from backends.model.loader import ModelFiles
 from scheduler.config import AUTO
-from scheduler.itl_target import FLOOR_MS, MULTIPLE
+from scheduler.itl_target import DECODE_MULTIPLE, FLOOR_MS
 from service.config import ConfigError, ServiceConfig, load_config
 from service.config_cmd import ConfigCommand, add_config_flags, config_from, flags_of
 from tests.service.live import LiveServer, cached_builder, sim_config
@@ -107,16 +108,25 @@ def test_metrics_show_the_target_in_force(model_files: ModelFiles, caplog: pytes
     try:
         at_start = server.call(lambda: server.engine.core.scheduler.itl_target)  # type: ignore[attr-defined]
         assert _scraped_target(server) == pytest.approx(at_start.seconds)  # before any step
-        assert post(f"{server.url}/v1/completions", {"prompt": "Hello there", "max_tokens": 4}).status == 200
+        for status in _one_long_and_three_more(server.url):
+            assert status == 200
         server.call(lambda: server.state.runtime.telemetry.flush(5.0))  # type: ignore[union-attr]
-        after = server.call(lambda: server.engine.core.scheduler.itl_target)  # type: ignore[attr-defined]
-        assert _scraped_target(server) == pytest.approx(after.seconds)  # as the steps left it
+        limit = server.call(lambda: server.engine.core.scheduler.itl_limit_s)  # type: ignore[attr-defined]
+        assert _scraped_target(server) == pytest.approx(limit)  # as the steps left it
     finally:
         server.close()
     assert f"ITL target: {at_start.describe()}" in caplog.text
     if configured != AUTO:
-        assert at_start.ms == after.ms == configured and not at_start.auto
-    elif profile == "cpu":  # the sim's CPU: the target is the multiple of its 256-row decode step
-        assert at_start.auto and at_start.ms == round(MULTIPLE * at_start.decode_step_ms) > FLOOR_MS
-    else:  # a GPU's decode step is a few ms: the floor
-        assert at_start.auto and at_start.ms == after.ms == FLOOR_MS
+        assert at_start.ms == configured and limit == configured / 1e3 and not at_start.auto
+    else:  # the floor at start; the sim CPU's step of 256 rows predicted far over it (the log's example)
+        assert at_start.auto and at_start.ms == FLOOR_MS and limit >= FLOOR_MS / 1e3
+        assert (DECODE_MULTIPLE * at_start.decode_step_ms > FLOOR_MS) == (profile == "cpu")
+
+
+def _one_long_and_three_more(url: str) -> list[int]:
+    """Statuses of a long completion and three more beside it: steps that prefill beside decodes."""
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(post, f"{url}/v1/completions", {"prompt": "Hello there", "max_tokens": 40})
+        rest = [pool.submit(post, f"{url}/v1/completions", {"prompt": "Hi " * 40, "max_tokens": 2})
+                for _ in range(3)]
+        return [f.result().status for f in (first, *rest)]
