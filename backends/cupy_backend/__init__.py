@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def create(config: BackendConfig, files: ModelFiles) -> CupyBackend:
-    """The registry's factory: compiles the kernels, loads the model and uploads it. With `weights = gguf`, Q4_0 /
-    Q4_1 / Q8_0 matrices stay as the file stores them (quant_weights.py); activations and the KV cache are
-    config.dtype either way."""
+    """The registry's factory: compiles the kernels, loads the model and uploads it. With `weights = gguf`,
+    matrices of the types the kernels read (quant_weights.KERNEL_TYPES) stay as the file stores them;
+    activations and the KV cache are config.dtype either way."""
     from backends.cupy_backend.backend import CupyBackend  # noqa: PLC0415 - keep the package import light
     from backends.cupy_backend.device import cupy_device  # noqa: PLC0415
     from backends.cupy_backend.quant_weights import stored_types  # noqa: PLC0415

@@ -6,7 +6,7 @@ shared memory bytes, and the argument types in order ('p' device pointer, 'i' in
 emulation checks against the kernel's real parameters. Argument order is documented on each function.
 
 Layout preconditions (the kernels move 16-byte vectors): head_dim in HEAD_DIMS, every row stride of a
-q/k/v view a multiple of 16 bytes, and the quantized GEMV's x contiguous (its width is a multiple of 32).
+q/k/v view a multiple of 16 bytes, and the quantized GEMV's x contiguous (its width a whole number of blocks).
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ DEFAULT_PARTITION_SIZE = 512
 PREFILL_Q_TILE = 16  # kQTile in paged_prefill_attention.cu
 PREFILL_K_TILE = 32  # kKTile
 ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
-# Weight blocks read as stored (kernels/quant_blocks.cuh): 32 weights each, so a row's width is a multiple of 32.
-QUANT_TYPES = ("q4_0", "q4_1", "q8_0")
-QUANT_BLOCK = 32
+# Weight blocks read as stored (kernels/quant_blocks.cuh, PS_FOR_EACH_QUANT): blocks of 32 weights, or the
+# K-quants' super-blocks of 256, so a row's width is a whole number of them.
+QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+K_QUANT_TYPES = ("q4_k", "q5_k", "q6_k")
+QUANT_BLOCK = 32  # a thread's unit is half of such a block (a K-quant super-block holds 8)
+QUANT_SUPER_BLOCK = 256
 QUANT_GEMV_WARPS = 4  # kWarps in quant_gemv.cu
 QUANT_GEMV_WARP_ROWS = 2  # kWarpRows: rows of W per warp
 QUANT_GEMV_MAX_ROWS = 8  # kMaxRows: rows of x one GEMV launch takes
@@ -178,11 +181,17 @@ def silu_mul(dtype: str, num_tokens: int, d: int) -> Launch:
     return Launch(f"silu_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
 
 
+def quant_row_multiple(qtype: str) -> int:
+    """Weights per stored block of `qtype`: every row width is a multiple of it."""
+    return QUANT_SUPER_BLOCK if qtype in K_QUANT_TYPES else QUANT_BLOCK
+
+
 def _check_quant(qtype: str, k: int) -> None:
     if qtype not in QUANT_TYPES:
         raise ValueError(f"no kernels for weight type {qtype!r}; they exist for {QUANT_TYPES}")
-    if k <= 0 or k % QUANT_BLOCK:
-        raise ValueError(f"row width {k} is not a positive multiple of {QUANT_BLOCK}")
+    multiple = quant_row_multiple(qtype)
+    if k <= 0 or k % multiple:
+        raise ValueError(f"row width {k} is not a positive multiple of {multiple} ({qtype})")
 
 
 def quant_gemv(qtype: str, dtype: str, rows: int, n: int, k: int, logits: bool = False) -> Launch:

@@ -2,10 +2,12 @@
 (kernels/quant_blocks.cuh, quant_gemv.cu, dequantize.cu).
 
 With `backend.weights = gguf` the loader hands over every matrix of a type in STORED_TYPES as stored (a
-QuantMatrix). Q4_0, Q4_1 and Q8_0 go to the device as their bytes, unchanged: one uint8 array per matrix, plus
-its type and shape on the host. F16 and BF16 are kept as stored by the loader too (no float32 copy of the whole
-model on the host) but go to the device dense in the storage dtype, where cuBLAS reads them; that is exact
-when the storage dtype is the file's. Every other matrix arrives as float32 and is stored dense likewise.
+QuantMatrix). Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K go to the device as their bytes,
+unchanged: one uint8 array per matrix, plus its type and shape on the host. F16 and BF16 are kept as stored by
+the loader too (no float32 copy of the whole model on the host) but go to the device dense in the storage
+dtype, where cuBLAS reads them; that is exact when the storage dtype is the file's. Every other matrix (Q2_K,
+Q3_K, ...: no kernel reads them) arrives as float32, dequantized by the loader and named once at start-up
+(create), and is stored dense likewise.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backends.cupy_backend.launch import QUANT_TYPES
 from backends.cupy_backend.storage import Storage
 
 if TYPE_CHECKING:  # the loader's module imports gguf; importing this one must stay light
@@ -22,8 +25,9 @@ if TYPE_CHECKING:  # the loader's module imports gguf; importing this one must s
 
     from backends.model.quant import Matrix
 
-STORED_TYPES = ("Q4_0", "Q4_1", "Q8_0", "F16", "BF16")  # gguf type names the loader keeps as stored
-KERNEL_TYPES = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}  # those uploaded as stored: launch.QUANT_TYPES
+# Those uploaded as stored, gguf type name -> launch.QUANT_TYPES name
+KERNEL_TYPES = {name.upper(): name for name in QUANT_TYPES}
+STORED_TYPES = (*KERNEL_TYPES, "F16", "BF16")  # gguf type names the loader keeps as stored
 
 
 @dataclass(frozen=True)

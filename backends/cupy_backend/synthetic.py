@@ -84,14 +84,22 @@ def stored_like_default(weights: ModelWeights) -> ModelWeights:
     return replace(weights, embedding=embedding, layers=layers, lm_head=embedding)
 
 
+# Byte offsets of each block's float16 fields (scales, mins) in the types the kernels read; the rest is integers.
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
+               "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
 def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> QuantMatrix:
-    """A matrix of random bytes stored as `qtype` (a gguf type name): every nibble or int8 value occurs; the
-    float16 fields (d; d and m for Q4_1) are finite, of both signs and sizes from 1e-7 to about 3."""
+    """A matrix of random bytes stored as `qtype` (a gguf type name of HALF_FIELDS): every integer, packed
+    scale and sign occurs; the float16 fields are finite, of both signs and sizes from 1e-7 (float16
+    subnormals) to about 3, or to about 0.03 for the K-quants, whose sub-block scales multiply them by up to 63
+    (Q6_K: 128), so weights stay within a few thousand."""
     kind = GGMLQuantizationType[qtype.upper()]
     block, block_bytes = GGML_QUANT_SIZES[kind]
     data = rng.integers(0, 256, (rows, cols // block, block_bytes), dtype=np.uint8)
-    fields = 2 if kind == GGMLQuantizationType.Q4_1 else 1
-    size = 10.0 ** rng.integers(-7, 1, (rows, cols // block, fields))
-    halves = (rng.standard_normal(size.shape) * size).astype(np.float16)
-    data[..., : 2 * fields] = halves.view(np.uint8).reshape(rows, cols // block, 2 * fields)
+    fields = HALF_FIELDS[kind.name]
+    size = 10.0 ** rng.integers(-7, 1 if block == 32 else -1, (rows, cols // block, len(fields)))
+    halves = (rng.standard_normal(size.shape) * size).astype(np.float16).view(np.uint8)
+    for i, at in enumerate(fields):
+        data[..., at : at + 2] = halves[..., 2 * i : 2 * i + 2]
     return QuantMatrix(kind, (rows, cols), data.reshape(rows, -1))

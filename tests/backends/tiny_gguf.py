@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from backends.model.architecture import ARCHITECTURES
+from tests import quantize_k
 
 TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *[chr(c) for c in range(ord("a"), ord("z") + 1)], "Ġ",
           "ab", "Ġa"]
@@ -111,5 +112,7 @@ def _tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) ->
         writer.add_tensor(name, data)
     elif qtype == Q.F16:
         writer.add_tensor(name, data.astype(np.float16))
+    elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantize these
+        writer.add_tensor(name, quantize_k.quantize(data, qtype), raw_dtype=qtype)
     else:
         writer.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)

@@ -1,10 +1,13 @@
 """Emulated dequantizing kernels (quant_gemv.cu, dequantize.cu) against the reference: gguf's own NumPy
 dequantization (QuantMatrix.dequantize), then a float64 product (reference.linear).
 
-Weights are random bytes rather than a quantizer's output, so every nibble and int8 value occurs, with scales
-and offsets of both signs and of every size down to float16 subnormals. Widths span several passes of a
-warp over the row's half blocks and a partial last pass; the number of output columns is not a multiple of
-the columns a block (8) or a warp (2) owns, and writes past the output are caught by a NaN canary.
+Weights are random bytes rather than a quantizer's output, so every nibble, fifth or sixth bit, int8 value and
+packed K-quant scale occurs, with scales and offsets of both signs and of every size down to float16
+subnormals. Widths span several passes of a warp over the row's half blocks and a partial last pass, and are
+not multiples of 256 where the type allows (the K-quants' rows are whole super-blocks of 256: an odd number of
+them, so Q6_K's rows of 210-byte super-blocks start at 2-byte but not 4-byte offsets); the number of output
+columns is not a multiple of the columns a block (8) or a warp (2) owns, and writes past the output are caught
+by a NaN canary.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from backends.cupy_backend import launch, reference
 from backends.cupy_backend.gemm import choose_gemm
 from backends.cupy_backend.projections import Projections
 from backends.cupy_backend.quant_ops import QuantKernels
-from backends.cupy_backend.quant_weights import DeviceQuant
+from backends.cupy_backend.quant_weights import DeviceQuant, upload_matrix
 from backends.cupy_backend.storage import storage_for
 from backends.cupy_backend.synthetic import random_blocks
 from backends.model.quant import QuantMatrix
@@ -71,13 +74,19 @@ def assert_product(got: npt.NDArray[np.float64], p: Problem, out_dtype: str, wha
     print(f"{what}: max err / bound {float((err / np.maximum(bound, 1e-30)).max()):.3g}")
 
 
+def width(qtype: str, blocks_of_32: int) -> int:
+    """A row width of `blocks_of_32` blocks, or for a K-quant that many super-blocks of 256."""
+    return blocks_of_32 * launch.quant_row_multiple(qtype)
+
+
 def check_dequantize(lib: EmuLib, dt: DType, qtype: str, seed: int = 0) -> None:
     """Rows picked by shuffled, repeated ids: gguf's float32 values, rounded once to the storage dtype."""
     rng = np.random.default_rng(seed)
-    w = random_blocks(rng, qtype, 37, 160)
+    k = width(qtype, 5 if qtype in launch.K_QUANT_TYPES else 7)
+    w = random_blocks(rng, qtype, 37, k)
     ids = rng.integers(0, 37, 23).astype(np.int32)
-    out = nan_like(dt, (len(ids), 160))
-    lib.launch(launch.dequantize(qtype, dt.name, len(ids), 160), [out, w.data, ids, 160])
+    out = nan_like(dt, (len(ids), k))
+    lib.launch(launch.dequantize(qtype, dt.name, len(ids), k), [out, w.data, ids, k])
     want = dt.encode(w.dequantize()[ids])
     assert np.array_equal(out.view(np.uint8), want.view(np.uint8)), f"dequantize {qtype} {dt.name}: bits differ"
     print(f"dequantize_{qtype} {dt.name}: {out.size} values bit-identical to gguf's")
@@ -94,8 +103,10 @@ def _launch_gemv(lib: EmuLib, p: Problem, qtype: str, dt: DType, logits: bool) -
     return out_dt.decode(out)
 
 
-def check_quant_gemv(lib: EmuLib, dt: DType, qtype: str, n: int = 37, k: int = 1056, seed: int = 0) -> None:
-    """Every row count the GEMV takes, writing the storage dtype and float32 logits."""
+def check_quant_gemv(lib: EmuLib, dt: DType, qtype: str, n: int = 37, k: int = 0, seed: int = 0) -> None:
+    """Every row count the GEMV takes, writing the storage dtype and float32 logits. k = 0: 33 blocks of 32
+    (2 passes of a warp's lanes and 2 half blocks), or 5 super-blocks (80 half blocks: 2.5 passes)."""
+    k = k or width(qtype, 5 if qtype in launch.K_QUANT_TYPES else 33)
     rng = np.random.default_rng(seed)
     for rows in range(1, launch.QUANT_GEMV_MAX_ROWS + 1):
         p = make_problem(rng, dt, qtype, rows, n, k)
@@ -117,15 +128,18 @@ class _Recorder:
         self.lib.launch(spec, args)
 
 
-def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 96, seed: int = 0) -> None:
-    """Projections.linear / logits for 1 row up to past the GEMV limit (the dense-copy GEMM path), and the
-    embedding lookup, against the reference."""
+def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 0, seed: int = 0) -> None:
+    """The matrix as quant_weights uploads it: Projections.linear / logits for 1 row up to past the GEMV limit
+    (the dense-copy GEMM path), and the embedding lookup, against the reference. k = 0: 3 blocks, or 1
+    super-block."""
+    k = k or width(qtype, 1 if qtype in launch.K_QUANT_TYPES else 3)
     rng = np.random.default_rng(seed)
     storage, recorder = storage_for(dt.name), _Recorder(lib)
     proj = Projections(choose_gemm(np, storage), QuantKernels(np, recorder, storage))
     for rows in (*range(1, launch.QUANT_GEMV_MAX_ROWS + 1), launch.QUANT_GEMV_MAX_ROWS + 1, 20):
         p = make_problem(rng, dt, qtype, rows, n, k)
-        w = DeviceQuant(qtype, p.w.data, p.w.shape)
+        w = upload_matrix(np, storage, p.w)
+        assert isinstance(w, DeviceQuant) and w.qtype == qtype and w.data is p.w.data, "uploaded as stored"
         gemv = rows <= launch.QUANT_GEMV_MAX_ROWS
         copy_rounding = 0.0 if gemv else HALF_ULP[dt.name] * 2
         recorder.names.clear()

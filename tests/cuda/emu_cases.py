@@ -1,8 +1,8 @@
 """Named emulation cases: each runs kernels through the emulation library and compares with the reference.
 
 Context lengths are odd or end in partial blocks (block_size 16), block tables are shuffled, GQA ratios are
-1, 3 and 8; the dequantizing kernels read random blocks (checks_quant.py). `tsan_cases` are small variants,
-one per kernel, for the ThreadSanitizer build.
+1, 3 and 8; the dequantizing kernels read random blocks of every type they know (checks_quant.py).
+`tsan_cases` are small variants, one per kernel, for the ThreadSanitizer build.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def _tsan_cases() -> dict[str, Case]:
         "tsan-rope": partial(elem.check_rope, dt=FLOAT16, tokens=2),
         "tsan-silu_mul": partial(elem.check_silu_mul, dt=BFLOAT16, tokens=2, d=96),
         "tsan-quant_gemv": partial(quant.check_quant_gemv, dt=FLOAT16, qtype="q4_1", n=11, k=64),
+        "tsan-quant_gemv-q5_k": partial(quant.check_quant_gemv, dt=BFLOAT16, qtype="q5_k", n=11, k=256),
         "tsan-dequantize": partial(quant.check_dequantize, dt=BFLOAT16, qtype="q8_0"),
         "tsan-decode": partial(att.check_decode, dt=FLOAT16, s=small, context_lens=(37, 5)),
         "tsan-decode-partitioned": partial(

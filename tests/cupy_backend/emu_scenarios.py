@@ -5,7 +5,8 @@ float32 must match to float32 rounding (logits within 1e-4, identical greedy tok
 only to their precision, which checks that the 16-bit storage flows through every kernel and GEMM. The quant-*
 scenarios do the same on the model quantized like the default one, each backend reading the matrices as the
 file stores them: decode rows through the dequantizing GEMV, prefill chunks through a dense copy and the GEMM.
-A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
+The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (the
+head and embedding Q6_K). A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from backends.model.weights import StoredTypes
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
-from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant
+from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant, write_tiny_llama_k_quant
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 40
 # Small enough that decode contexts past it take the partitioned kernel + reduce, shorter ones the plain one.
@@ -34,7 +35,8 @@ PARTITION_SIZE = 32
 # 16-bit types round weights and every activation through 2 layers, which no rounding analysis bounds usefully:
 # their tolerance is a fraction of the largest |logit|, about 2x the largest error measured over the float and
 # quant scenarios' logit checks (bfloat16's weight rounding alone moves logits by 1.4 %); a layout or indexing
-# bug moves them by the logits' own size.
+# bug moves them by the logits' own size. The k-quant scenarios (logits of about 21) measured float32 4.5e-5,
+# float16 0.35 % (0.070), bfloat16 2.0 % (0.41); logprobs float16 0.0071, bfloat16 0.15: within these.
 FLOAT32_ATOL = 1e-4
 LOGIT_RTOL = {
     "float16": 8e-3,  # measured 0.37 % (0.042 of 11-12, chunk 1 of B in both scenarios); bound 2.2x
@@ -183,6 +185,37 @@ def quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
     print(f"quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
 
 
+def k_quant_kernels(dtype: str) -> set[str]:
+    """The K-quant model's: every new type through the GEMV (decode rows) and a dense copy (prefill chunks), the
+    Q6_K head's logits through the GEMV, its embedding rows dequantized."""
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+    types = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+    names = [f"{base}_{t}" for base in ("quant_gemv", "dequantize") for t in types] + ["quant_gemv_logits_q6_k"]
+    return {f"{n}_{short}" for n in names}
+
+
+def check_all_uploaded_as_stored(pair: Pair) -> None:
+    """Every matrix of the K-quant model reaches the device as its stored bytes, in its own type."""
+    host, device = pair.numpy.model.weights, pair.cupy.weights
+    assert isinstance(device.embedding, DeviceQuant) and device.lm_head is device.embedding
+    for host_layer, device_layer in zip(host.layers, device.layers, strict=True):
+        for name in ("wqkv", "wo", "w_gate_up", "w_down"):
+            stored, uploaded = getattr(host_layer, name), getattr(device_layer, name)
+            assert isinstance(uploaded, DeviceQuant) and uploaded.qtype == stored.qtype.name.lower(), name
+            assert np.array_equal(uploaded.data, stored.data), name
+
+
+def k_quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
+    path = write_tiny_llama_k_quant(model_path.with_name(f"tiny-k-quant-{dtype}.gguf"))
+    pair = make_pair(library, path, dtype, (stored_types(), NUMPY_STORED_TYPES))
+    check_all_uploaded_as_stored(pair)
+    rng = np.random.default_rng(5)
+    greedy_steps(pair, fork_with_copy(pair, prefill_and_mixed(pair, rng)), steps=4)
+    missing = (expected_kernels(dtype) | k_quant_kernels(dtype)) - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"k-quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
+
+
 def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     """bench/gpu_check.py's measurement sections, shrunk, on the emulated device: the same code paths as on the
     GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
@@ -220,5 +253,9 @@ def scenarios() -> dict[str, Scenario]:
     def bind_quant(dtype: str) -> Scenario:
         return lambda library, model_path: quant_scenario(library, model_path, dtype)
 
+    def bind_k_quant(dtype: str) -> Scenario:
+        return lambda library, model_path: k_quant_scenario(library, model_path, dtype)
+
     quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
-    return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, "gpu-check-dry-run": gpu_check_dry_run}
+    k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
+    return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "gpu-check-dry-run": gpu_check_dry_run}

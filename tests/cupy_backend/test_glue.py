@@ -3,12 +3,15 @@ argument conversion for RawKernel, and the step's few host-to-device transfers."
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
 
 from backends.base import BackendError
 from backends.config import BackendConfig
@@ -17,13 +20,15 @@ from backends.cupy_backend import device as device_module
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.launcher import CupyLauncher, compile_module
-from backends.cupy_backend.quant_weights import DeviceQuant
+from backends.cupy_backend.quant_weights import DeviceQuant, stored_types, upload_matrix
 from backends.cupy_backend.step_inputs import upload_sampling, upload_step
+from backends.cupy_backend.storage import storage_for
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import load_model, open_model
+from backends.model.quant import QuantMatrix
 from tests.backends.tiny_gguf import write_tiny_llama
 from tests.cupy_backend.fakes import DeviceArray, device, fake_cupy
-from tests.cupy_backend.tiny_model import write_tiny_llama_d64, write_tiny_llama_d64_quant
+from tests.cupy_backend.tiny_model import QUANT_TYPES, SHAPE, write_tiny_llama_d64, write_tiny_llama_d64_quant
 
 
 def test_module_source_inlines_each_local_header_once() -> None:
@@ -34,9 +39,15 @@ def test_module_source_inlines_each_local_header_once() -> None:
     assert text.count("struct KvLayout") == 1  # attention_common.cuh
     for path in source.kernel_sources():
         assert text.count(f"// ---- {path.name}\n") == 1
+    # the dequantizing kernels' names are built per type by PS_FOR_EACH_QUANT: the kernel's macro and the type's entry
+    quant = re.compile(rf"^(quant_gemv_logits|quant_gemv|dequantize)_({'|'.join(launch.QUANT_TYPES)})$")
     for name in launch.all_kernel_names():  # every name is spelled out or built by a PS_DEFINE_* macro
         base = re.sub(r"_(f32|f16|bf16)(_d\d+)?$", "", name)
-        assert f" {base}_##SUFFIX" in text, name
+        match = quant.match(base)
+        if match:
+            assert f" {match[1]}_##NAME##_##SUFFIX" in text and f"X({match[2]}, " in text, name
+        else:
+            assert f" {base}_##SUFFIX" in text, name
 
 
 def cuda_headers(include: Path) -> Path:
@@ -180,3 +191,32 @@ def test_create_hands_quantized_matrices_over_as_stored(weights: str, tmp_path: 
     assert [getattr(m, "qtype", None) for m in matrices] == ["q8_0", "q4_1", "q4_0", None]
     assert w.lm_head is w.embedding and w.layers[1].wo.dtype == np.float16
     assert w.layers[0].wqkv.data.dtype == np.uint8 and isinstance(w.layers[0].w_gate_up, DeviceQuant)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.TQ1_0], ids=lambda q: q.name)
+def test_a_type_no_kernel_reads_is_uploaded_dense(qtype: Q) -> None:
+    """Never kept as stored for this backend; handed over as stored anyway, it goes up dense, as gguf's values
+    (random bytes: NaN where gguf makes NaN, which assert_array_equal matches)."""
+    assert qtype not in stored_types()
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    data = np.random.default_rng(0).integers(0, 256, (5, 2 * block_bytes), dtype=np.uint8)
+    matrix = QuantMatrix(qtype, (5, 2 * block), data)
+    uploaded = upload_matrix(np, storage_for("float32"), matrix)
+    assert not isinstance(uploaded, DeviceQuant) and uploaded.dtype == np.float32
+    np.testing.assert_array_equal(uploaded, matrix.dequantize())
+
+
+def test_create_names_the_matrices_no_kernel_reads_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A TQ1_0 matrix (a type gguf writes and no kernel reads) is dequantized by the loader, said at start-up,
+    and uploaded dense; the model still runs on the kernels for the rest."""
+    monkeypatch.setattr(device_module, "cupy_device", lambda: Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    types = {**QUANT_TYPES, "blk.0.ffn_down.weight": Q.TQ1_0}
+    _, files = open_model(write_tiny_llama(tmp_path / "tq.gguf", weight_type=Q.Q4_1, shape=SHAPE, types=types))
+    with caplog.at_level(logging.WARNING, logger="backends.cupy_backend"):
+        backend = create(BackendConfig(name="cupy", dtype="float16", weights="gguf"), files)
+    warnings = [r.getMessage() for r in caplog.records if "no kernel" in r.getMessage()]
+    assert len(warnings) == 1 and "blk.0.ffn_down.weight (TQ1_0)" in warnings[0], caplog.text
+    w = backend.weights
+    assert isinstance(w.layers[0].w_down, np.ndarray) and w.layers[0].w_down.dtype == np.float16
+    assert isinstance(w.layers[1].w_down, DeviceQuant) and w.layers[1].w_down.qtype == "q4_1"

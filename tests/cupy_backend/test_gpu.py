@@ -3,7 +3,8 @@
 Two kinds of model: the real default model (SmolLM2-135M, when its package is installed), checked against the
 golden reference; and random weights in SmolLM2's shape (no model file needed), checked step by step against
 NumpyBackend on the same weights. Each also with its matrices kept as stored (Q4_1, Q8_0), read by the
-dequantizing kernels. Measured errors are printed (see them with -rP) for calibration.
+dequantizing kernels; and a tiny model whose matrices are Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Measured errors
+are printed (see them with -rP) for calibration.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.config import ModelLoadError
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from tests.cupy_backend.tiny_model import write_tiny_llama_k_quant
 from tests.required import hardware_absent, unavailable
 
 pytestmark = pytest.mark.gpu
@@ -78,6 +80,11 @@ def synthetic() -> LoadedModel:
 def synthetic_stored(synthetic: LoadedModel) -> LoadedModel:
     """The same random weights stored like the default model's file (Q4_1 matrices, Q8_0 embedding and head)."""
     return replace(synthetic, weights=stored_like_default(synthetic.weights))
+
+
+@pytest.fixture(scope="module")
+def k_quant_model(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_model(write_tiny_llama_k_quant(tmp_path_factory.mktemp("k_quant") / "k.gguf"), stored=stored_types())
 
 
 def cupy_backend(gpu: Device, model: LoadedModel, dtype: str) -> CupyBackend:
@@ -149,6 +156,16 @@ def test_stored_weights_match_numpy_step_by_step(gpu: Device, synthetic_stored: 
     prompts = random_prompts(lengths, seed=2, vocab=synthetic_stored.config.vocab_size)
     lockstep_greedy(cupy_backend(gpu, synthetic_stored, dtype), numpy_backend(synthetic_stored), new_seqs(lengths, 3),
                     new_seqs(lengths, 3), prompts, steps=8, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_k_quant_weights_match_numpy_step_by_step(gpu: Device, k_quant_model: LoadedModel, dtype: str) -> None:
+    """The same on every other type the kernels read (tiny_model.K_QUANT_TYPES), both backends reading the
+    blocks as stored."""
+    lengths = [40, 17, 5, 64]
+    prompts = random_prompts(lengths, seed=3, vocab=k_quant_model.config.vocab_size)
+    lockstep_greedy(cupy_backend(gpu, k_quant_model, dtype), numpy_backend(k_quant_model), new_seqs(lengths, 4),
+                    new_seqs(lengths, 4), prompts, steps=8, dtype=dtype)
 
 
 def test_long_contexts_take_the_partitioned_decode(gpu: Device, synthetic: LoadedModel) -> None:

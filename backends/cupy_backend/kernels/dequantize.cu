@@ -15,7 +15,7 @@ __device__ __forceinline__ void dequantize_rows(T* __restrict__ out, const unsig
   T* dst = out + i * k;
   for (int item = threadIdx.x; item < k / ps_quant::kBlock * ps_quant::kHalves; item += blockDim.x) {
     const int block = item / ps_quant::kHalves;
-    const ps_quant::Half half = Q::half(row + block * Q::kBytes, item % ps_quant::kHalves);
+    const ps_quant::Half half = ps_quant::half_at<Q>(row, block, item % ps_quant::kHalves);
 #pragma unroll
     for (int run = 0; run < 2; ++run) {
 #pragma unroll
@@ -28,14 +28,9 @@ __device__ __forceinline__ void dequantize_rows(T* __restrict__ out, const unsig
 
 }  // namespace ps_dequant
 
-#define PS_DEFINE_DEQUANTIZE(SUFFIX, T)                                                                         \
-  extern "C" __global__ void dequantize_q4_0_##SUFFIX(T* out, const unsigned char* w, const int* ids, int k) { \
-    ps_dequant::dequantize_rows<ps_quant::Q4_0, T>(out, w, ids, k);                                            \
-  }                                                                                                            \
-  extern "C" __global__ void dequantize_q4_1_##SUFFIX(T* out, const unsigned char* w, const int* ids, int k) { \
-    ps_dequant::dequantize_rows<ps_quant::Q4_1, T>(out, w, ids, k);                                            \
-  }                                                                                                            \
-  extern "C" __global__ void dequantize_q8_0_##SUFFIX(T* out, const unsigned char* w, const int* ids, int k) { \
-    ps_dequant::dequantize_rows<ps_quant::Q8_0, T>(out, w, ids, k);                                            \
+#define PS_DEQUANTIZE(NAME, Q, SUFFIX, T)                                                                     \
+  extern "C" __global__ void dequantize_##NAME##_##SUFFIX(T* out, const unsigned char* w, const int* ids, int k) { \
+    ps_dequant::dequantize_rows<ps_quant::Q, T>(out, w, ids, k);                                                 \
   }
+#define PS_DEFINE_DEQUANTIZE(SUFFIX, T) PS_FOR_EACH_QUANT(PS_DEQUANTIZE, SUFFIX, T)
 PS_FOR_EACH_DTYPE(PS_DEFINE_DEQUANTIZE)

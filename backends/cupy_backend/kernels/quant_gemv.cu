@@ -6,7 +6,7 @@
 // Grid: (ceil(n / (kWarps * kWarpRows))). Block: kWarps warps. Warp w of block b owns the kWarpRows columns of
 // y starting at (b * kWarps + w) * kWarpRows (rows of W). Its lanes take the half blocks of those rows in turn
 // (lane i: half blocks i, i + 32, ...), so a warp reads contiguous bytes; a warp reduction sums each
-// (row of x, column) at the end. x is contiguous with rows of k elements, k a multiple of 32.
+// (row of x, column) at the end. x is contiguous with rows of k elements, k a whole number of the type's blocks (32 or 256 weights).
 #include "quant_blocks.cuh"
 
 namespace ps_gemv {
@@ -80,7 +80,7 @@ __device__ __forceinline__ void gemv(OutT* __restrict__ y, const T* __restrict__
     for (int r = 0; r < kWarpRows; ++r) {
       // A ragged n: the last warp reads row n - 1 again in place of the missing rows and never writes them.
       const long long row = ps::min_int(first + r, n - 1);
-      wh[r] = Q::half(w + row * row_bytes + block * Q::kBytes, h);
+      wh[r] = ps_quant::half_at<Q>(w + row * row_bytes, block, h);
     }
     accumulate(acc, wh, x + block * ps_quant::kBlock, rows, k);
   }
@@ -89,29 +89,14 @@ __device__ __forceinline__ void gemv(OutT* __restrict__ y, const T* __restrict__
 
 }  // namespace ps_gemv
 
-#define PS_DEFINE_QUANT_GEMV(SUFFIX, T)                                                                          \
-  extern "C" __global__ void quant_gemv_q4_0_##SUFFIX(T* y, const T* x, const unsigned char* w, int rows,      \
-                                                      int n, int k) {                                           \
-    ps_gemv::gemv<ps_quant::Q4_0, T, T>(y, x, w, rows, n, k);                                                   \
-  }                                                                                                             \
-  extern "C" __global__ void quant_gemv_q4_1_##SUFFIX(T* y, const T* x, const unsigned char* w, int rows,      \
-                                                      int n, int k) {                                           \
-    ps_gemv::gemv<ps_quant::Q4_1, T, T>(y, x, w, rows, n, k);                                                   \
-  }                                                                                                             \
-  extern "C" __global__ void quant_gemv_q8_0_##SUFFIX(T* y, const T* x, const unsigned char* w, int rows,      \
-                                                      int n, int k) {                                           \
-    ps_gemv::gemv<ps_quant::Q8_0, T, T>(y, x, w, rows, n, k);                                                   \
-  }                                                                                                             \
-  extern "C" __global__ void quant_gemv_logits_q4_0_##SUFFIX(float* y, const T* x, const unsigned char* w,     \
-                                                             int rows, int n, int k) {                          \
-    ps_gemv::gemv<ps_quant::Q4_0, T, float>(y, x, w, rows, n, k);                                               \
-  }                                                                                                             \
-  extern "C" __global__ void quant_gemv_logits_q4_1_##SUFFIX(float* y, const T* x, const unsigned char* w,     \
-                                                             int rows, int n, int k) {                          \
-    ps_gemv::gemv<ps_quant::Q4_1, T, float>(y, x, w, rows, n, k);                                               \
-  }                                                                                                             \
-  extern "C" __global__ void quant_gemv_logits_q8_0_##SUFFIX(float* y, const T* x, const unsigned char* w,     \
-                                                             int rows, int n, int k) {                          \
-    ps_gemv::gemv<ps_quant::Q8_0, T, float>(y, x, w, rows, n, k);                                               \
+#define PS_QUANT_GEMV(NAME, Q, SUFFIX, T)                                                                    \
+  extern "C" __global__ void quant_gemv_##NAME##_##SUFFIX(T* y, const T* x, const unsigned char* w, int rows,  \
+                                                         int n, int k) {                                       \
+    ps_gemv::gemv<ps_quant::Q, T, T>(y, x, w, rows, n, k);                                                     \
+  }                                                                                                            \
+  extern "C" __global__ void quant_gemv_logits_##NAME##_##SUFFIX(float* y, const T* x, const unsigned char* w, \
+                                                                int rows, int n, int k) {                      \
+    ps_gemv::gemv<ps_quant::Q, T, float>(y, x, w, rows, n, k);                                                 \
   }
+#define PS_DEFINE_QUANT_GEMV(SUFFIX, T) PS_FOR_EACH_QUANT(PS_QUANT_GEMV, SUFFIX, T)
 PS_FOR_EACH_DTYPE(PS_DEFINE_QUANT_GEMV)
