@@ -126,9 +126,9 @@ class CupyBackend:
 def _check_supported(config: ModelConfig) -> None:
     """The kernels exist for a few head sizes and need whole 16-byte rows, and compute Llama's layer only: refuse
     other models up front."""
-    if config.arch.features:
+    if config.features:  # the family's (QKV biases, QK norm, ...) and the model's (Llama 3's RoPE factors)
         raise BackendError(f"the cupy backend does not compute {config.architecture}'s "
-                           f"{', '.join(config.arch.features)} ({config.name}); use --backend numpy")
+                           f"{', '.join(config.features)} ({config.name}); use --backend numpy")
     if config.head_dim not in launch.HEAD_DIMS:
         raise BackendError(f"the cupy backend's attention kernels support head_dim {launch.HEAD_DIMS}, "
                            f"not {config.head_dim} ({config.name})")

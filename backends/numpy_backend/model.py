@@ -1,5 +1,6 @@
 """The decoder forward pass in float32 NumPy over a paged KV cache, computing what the model's Architecture
-says (backends/model/architecture.py): Llama's layer, and Gemma 3's norms, GeGLU and sliding windows."""
+says (backends/model/architecture.py): Llama's layer, Qwen's QKV biases and QK norms, Llama 3's RoPE frequency
+factors, and Gemma 3's norms, GeGLU and sliding windows."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ class DecoderForward:
         self.project = project  # x @ w.T, for every weight matrix
         self.fused_step = fused_step  # every layer of a small step in one C call, when built
         bases = {config.layer_rope_base(i) for i in range(config.num_layers)}
-        self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length) for base in bases}
+        self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length,
+                                            config.rope_freq_factors if base == config.rope_theta else ())
+                      for base in bases}
         self.rotate = rotate_halves if config.arch.rope_pairs == "halves" else rotate
         self.activation = ACTIVATIONS[config.arch.activation]
 
@@ -93,6 +96,8 @@ class DecoderForward:
                    cache: PagedKVCache) -> np.ndarray:
         cfg = self.config
         qkv = self.project(rms_norm(x, layer.attn_norm, cfg.rms_eps), layer.wqkv)
+        if layer.qkv_bias is not None:
+            qkv = qkv + layer.qkv_bias
         heads = cfg.num_heads + cfg.num_kv_heads  # Q and K heads, normed and rotated together
         qk = qkv[:, : cfg.q_size + cfg.kv_size].reshape(-1, heads, cfg.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:

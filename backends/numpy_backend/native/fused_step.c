@@ -13,7 +13,8 @@
  * (RMSNorm, interleaved RoPE, SwiGLU), or with Gemma 3's pieces, each chosen by the shape or a layer's pointers,
  * never by a family's name: RoPE over head halves and GeGLU (ModelShape), an RMSNorm over each Q and K head and
  * after attention and the MLP (a layer's optional norms), and sliding layers (a layer's window and its choice of
- * the step's two RoPE tables). Embeddings are scaled before the call.
+ * the step's two RoPE tables), and Qwen2's biases after the Q, K and V projections (a layer's pointer). Embeddings
+ * are scaled before the call, and RoPE's angles (Llama 3's frequency factors included) computed before it.
  *
  * The reference is the NumPy forward (model.DecoderForward with the NumPy kernels); tests compare the logits
  * and the KV cache it writes. Results differ from it only by float32 rounding (summation order, fused
@@ -56,6 +57,7 @@ typedef struct { /* one layer's weights (matrices (out, in) as stored: float32 o
     const float *post_attn_norm, *post_ffn_norm; /* (hidden,): on attention's and the MLP's outputs; NULL: none */
     int64_t window;     /* a row at position p attends to p - window + 1 .. p; 0: its whole context */
     int64_t local_rope; /* 1: RoPE by the step's local tables (local_cos, local_sin), 0: by cos, sin */
+    const float *qkv_bias; /* (q_size + 2 * kv_size,): added to the Q, K and V projections' output; NULL: none */
 } LayerRefs;
 
 typedef struct { /* the step's rows: one per token */
@@ -136,8 +138,8 @@ static void store_cached(void *layer, int64_t at, const float *x, int64_t n, int
     else __builtin_memcpy((float *)layer + at, x, sizeof(float) * (size_t)n);
 }
 
-/* The QK norms and RoPE on each row's Q and K, then its K and V stored at the row's slot (before attention, which
- * reads it). */
+/* The QKV biases on each row, the QK norms and RoPE on its Q and K, then its K and V stored at the row's slot
+ * (before attention, which reads it). */
 static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, float *qkv) {
     const int64_t q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
     const int64_t width = q_size + 2 * kv_size, half = m->head_dim / 2;
@@ -145,6 +147,8 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
+        if (layer->qkv_bias != NULL)
+            for (int64_t i = 0; i < width; i++) row[i] += layer->qkv_bias[i];
         if (layer->q_norm != NULL) norm_heads(row, m->heads, m->head_dim, layer->q_norm, m->eps);
         if (layer->k_norm != NULL) norm_heads(row + q_size, m->kv_heads, m->head_dim, layer->k_norm, m->eps);
         rotate_heads(row, m->heads + m->kv_heads, m->head_dim, cos + r * half, sin + r * half, m->rope_halves);

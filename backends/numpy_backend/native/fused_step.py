@@ -31,7 +31,7 @@ STAGES = ("projections", "attention", "other")  # fused_step.c's TIME_* order
 _NORMS = ("attn_norm", "ffn_norm")
 _OPTIONAL_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # None where the architecture has none
 # Architecture.features that fused_step.c computes (scaled embeddings before the call): all of them today.
-FEATURES = frozenset({"RoPE over head halves", "GeGLU", "scaled embeddings", "QK norm",
+FEATURES = frozenset({"RoPE over head halves", "GeGLU", "scaled embeddings", "QK norm", "QKV biases",
                       "norms after attention and MLP", "sliding-window layers"})
 # With every layer matrix kept as stored, steps of up to this many tokens run fused: its exact kernels prefill
 # 512 tokens faster than the per-layer path, which writes a float32 copy of each matrix for BLAS first
@@ -49,7 +49,8 @@ class _ModelShape(ctypes.Structure):
 class _LayerRefs(ctypes.Structure):
     _fields_ = [(name, _P) for name in _NORMS] + [(name, CWeights) for name in _MATRICES] + [
         ("keys", _P), ("values", _P)] + [(name, _P) for name in _OPTIONAL_NORMS] + [("window", _I64),
-                                                                                    ("local_rope", _I64)]
+                                                                                    ("local_rope", _I64)] + [
+        ("qkv_bias", _P)]
 
 
 class _StepRows(ctypes.Structure):
@@ -158,8 +159,14 @@ class NativeFusedStep:
                      f"layer {i}: norms must be C-contiguous float32, matrices of a readable type")
             refs[i] = _LayerRefs(*(a.ctypes.data for a in arrays[:2]), *(c_weights(w) for w in matrices),
                                  *(a.ctypes.data for a in arrays[2:]), *self._optional_norms(i, layer),
-                                 self.config.layer_window(i), self._local_rope(i))
+                                 self.config.layer_window(i), self._local_rope(i), self._qkv_bias(i, layer))
         return refs
+
+    def _qkv_bias(self, index: int, layer: LayerWeights) -> int | None:
+        bias = layer.qkv_bias
+        _require(bias is None or (is_c_array(bias, np.float32) and bias.shape == (self.config.qkv_width,)),
+                 f"layer {index}: QKV biases must be C-contiguous float32 of the Q, K and V widths")
+        return None if bias is None else bias.ctypes.data
 
     def _optional_norms(self, index: int, layer: LayerWeights) -> list[int | None]:
         """The addresses of the layer's QK and sandwich norms, None where it has none."""
