@@ -41,11 +41,10 @@ class Architecture:
 
 
 # Llama 3's RoPE scaling, Qwen3's head_dim apart from hidden / heads and untied output heads are the model's, not
-# its family's: the config's rope_freq_factors and head_dim, the weights' lm_head.
+# its family's: the config's rope_freq_factors and head_dim, the weights' lm_head. Mistral is "llama": its GGUF
+# files say so (llama.cpp's converter), and its layer is Llama's.
 ARCHITECTURES = {
     "llama": Architecture("llama"),
-    # GGUF files of Mistral's models say "llama" (llama.cpp's converter); Hugging Face's config.json says "mistral"
-    "mistral": Architecture("mistral"),
     # Qwen2 and Qwen3 keep NeoX's RoPE layout (llama.cpp's converter does not permute their Q and K rows)
     "qwen2": Architecture("qwen2", rope_pairs="halves", qkv_bias=True),
     "qwen3": Architecture("qwen3", rope_pairs="halves", qk_norm=True),
