@@ -20,6 +20,7 @@ from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.launcher import CupyLauncher
 from backends.manual_batch import SeqState, make_batch
+from backends.model.config import ModelLoadError
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES
@@ -27,6 +28,7 @@ from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
+from tests.backends.tiny_gguf import write_tiny_llama
 from tests.cupy_backend.fakes import fake_cupy
 
 HERE = Path(__file__).parent / "tiny_archs"
@@ -141,3 +143,10 @@ def test_the_cupy_backend_refuses_what_it_does_not_compute(name: str) -> None:
         CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
     expected = {"llama3_untied": "RoPE frequency factors", "qwen2_tied": "QKV biases", "qwen3": "QK norm"}[name]
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_qwen2_file_without_its_biases_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The architecture says which tensors a layer has: a qwen2 file with Llama's layer is refused at load."""
+    path = write_tiny_llama(tmp_path / "qwen2.gguf", arch="qwen2")
+    with pytest.raises(ModelLoadError, match=r"^.*qwen2\.gguf: tensor 'blk\.0\.attn_q\.bias' is missing$"):
+        load_model(path)
