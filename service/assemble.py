@@ -43,7 +43,10 @@ def model_names(config: AppConfig) -> tuple[str, ...]:
     """Every name a request may give in "model": the configured ones (the first reported), else the model's."""
     if config.service.served_model_name:
         return config.service.served_model_name
-    return (DEFAULT_MODEL_NAME if config.backend.model is None else Path(config.backend.model).stem,)
+    if config.backend.model is None:
+        return (DEFAULT_MODEL_NAME,)
+    path = Path(config.backend.model)
+    return (path.name if path.is_dir() else path.stem,)  # a checkpoint directory's name ("Qwen2.5-0.5B") whole
 
 
 def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelParts:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -86,6 +86,24 @@ class _Cursor:
             self.pos += dtype.itemsize * count
             return out
         return [self.value(item_type) for _ in range(count)]
+
+
+class TensorSource(Protocol):
+    """Where the weight loader reads tensors: a GGUFFile, or a Hugging Face checkpoint directory
+    (hf_checkpoint.Checkpoint) under GGUF's names and metadata keys."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]: ...
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as stored, shaped (rows..., row bytes)."""
+        ...
 
 
 @dataclass(frozen=True)

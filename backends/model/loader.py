@@ -1,5 +1,5 @@
-"""Load a Llama-architecture GGUF model: config, weights (float32, or as stored where a backend reads them),
-tokenizer and chat template."""
+"""Load a model from a GGUF file or a Hugging Face checkpoint directory: config, weights (float32, or as stored
+where a backend reads them), tokenizer and chat template."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
 from backends.model.config import ModelConfig, ModelLoadError, config_from_metadata
-from backends.model.gguf_file import GGUFFile, GGUFFormatError, read_gguf
+from backends.model.gguf_file import GGUFFile, GGUFFormatError, TensorSource, read_gguf
+from backends.model.hf_checkpoint import Checkpoint, architecture_of, check_shapes, read_checkpoint, read_config
+from backends.model.hf_tokenizer import chat_template_text, tokenizer_from_directory
 from backends.model.tokenizer import Tokenizer, tokenizer_from_metadata
 from backends.model.weights import ModelWeights, StoredTypes, load_weights, rope_freqs
 
@@ -55,21 +57,41 @@ def default_model_path() -> Path:
 
 
 def open_model(path: str | Path | None = None, chat_template: str | Path | None = None
-               ) -> tuple[GGUFFile, ModelFiles]:
-    """Read the header, config, tokenizer and template; the weights stay memory-mapped. chat_template: a Jinja
-    file that replaces the file's own template (or gives a model without one chat)."""
+               ) -> tuple[TensorSource, ModelFiles]:
+    """Read the header, config, tokenizer and template of a GGUF file or a Hugging Face checkpoint directory;
+    the weights stay memory-mapped. chat_template: a Jinja file that replaces the model's own template (or gives
+    a model without one chat)."""
     path = Path(path) if path is not None else default_model_path()
-    gguf = _read(path)
-    meta = gguf.metadata
-    config = config_from_metadata(meta, str(path), rope_freqs(gguf))
-    tokenizer = tokenizer_from_metadata(meta, str(path))
+    source: TensorSource
+    if path.is_dir():
+        source, tokenizer, own_template = _open_checkpoint(path)
+        config = config_from_metadata(source.metadata, str(path), rope_freqs(source))
+        check_shapes(source, config)
+    else:
+        source = _read(path)
+        # an unserved architecture: before the rest
+        config = config_from_metadata(source.metadata, str(path), rope_freqs(source))
+        tokenizer = tokenizer_from_metadata(source.metadata, str(path))
+        own_template = source.metadata.get("tokenizer.chat_template") or None
     template = ChatTemplate(
-        source=_template_source(chat_template) if chat_template else meta.get("tokenizer.chat_template") or None,
-        bos_token=tokenizer.token_text(tokenizer.bos_token_id),
+        source=_template_source(chat_template) if chat_template else own_template,
+        bos_token=tokenizer.token_text(tokenizer.bos_token_id) if tokenizer.bos_token_id >= 0 else "",
         eos_token=tokenizer.token_text(tokenizer.eos_token_ids[0]),
     )
     stops = tuple(dict.fromkeys((*tokenizer.eos_token_ids, *turn_end_ids(template, tokenizer))))
-    return gguf, ModelFiles(path, config, replace(tokenizer, eos_token_ids=stops), template)
+    return source, ModelFiles(path, config, replace(tokenizer, eos_token_ids=stops), template)
+
+
+def _open_checkpoint(directory: Path) -> tuple[Checkpoint, Tokenizer, str | None]:
+    settings = read_config(directory)
+    architecture_of(directory, settings)  # an unserved model_type: before the rest
+    tokenizer = tokenizer_from_directory(directory, settings)
+    ids = {"tokenizer.ggml.bos_token_id": tokenizer.bos_token_id,
+           "tokenizer.ggml.eos_token_id": tokenizer.eos_token_ids[0]}
+    try:
+        return read_checkpoint(directory, settings, ids), tokenizer, chat_template_text(directory)
+    except KeyError as exc:
+        raise ModelLoadError(f"{directory}: config.json lacks {exc}") from None
 
 
 TURN_PROBE = "turn-end probe"
@@ -123,7 +145,7 @@ def load_model(path: str | Path | None = None, stored: StoredTypes = (), files: 
     if files is None:
         gguf, files = open_model(path)
     else:
-        gguf = _read(files.path)
+        gguf = _open_checkpoint(files.path)[0] if files.path.is_dir() else _read(files.path)
     weights = load_weights(gguf, files.config, stored)
     del gguf  # the file's map: nothing loaded is a view of it, so its pages leave the process
     _return_freed_memory()

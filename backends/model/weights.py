@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, quants
 
 from backends.model.config import ModelConfig, ModelLoadError
-from backends.model.gguf_file import GGUFFile, TensorInfo
+from backends.model.gguf_file import TensorInfo, TensorSource
 from backends.model.quant import Matrix, QuantMatrix, dense, matrix_bytes
 
 F32 = np.float32
@@ -68,7 +68,7 @@ class ModelWeights:
         return sum(matrix_bytes(a) for a in unique.values())
 
 
-def dequantize(gguf: GGUFFile, name: str) -> np.ndarray:
+def dequantize(gguf: TensorSource, name: str) -> np.ndarray:
     """One tensor as float32 in its NumPy shape; unsupported types are refused naming tensor and type."""
     info = _info(gguf, name)
     try:
@@ -81,14 +81,14 @@ def dequantize(gguf: GGUFFile, name: str) -> np.ndarray:
     return np.array(out.reshape(info.shape), dtype=F32)
 
 
-def _info(gguf: GGUFFile, name: str) -> TensorInfo:
+def _info(gguf: TensorSource, name: str) -> TensorInfo:
     info = gguf.tensors.get(name)
     if info is None:
         raise ModelLoadError(f"{gguf.path}: tensor '{name}' is missing")
     return info
 
 
-def load_weights(gguf: GGUFFile, config: ModelConfig, stored: StoredTypes = ()) -> ModelWeights:
+def load_weights(gguf: TensorSource, config: ModelConfig, stored: StoredTypes = ()) -> ModelWeights:
     """Every tensor the forward needs: matrices of a type in `stored` as stored (no float32 copy is made), the
     rest dequantized, in parallel (NumPy releases the GIL)."""
     loader = _Loader(gguf, frozenset(stored))
@@ -104,7 +104,7 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, stored: StoredTypes = ()) 
 class _Loader:
     """Loads one tensor as stored or as float32, and remembers what it had to dequantize."""
 
-    def __init__(self, gguf: GGUFFile, stored: frozenset[GGMLQuantizationType]) -> None:
+    def __init__(self, gguf: TensorSource, stored: frozenset[GGMLQuantizationType]) -> None:
         self.gguf, self.stored = gguf, stored
         self.dequantized: list[str] = []
 
@@ -137,7 +137,7 @@ def _layer_tensors(config: ModelConfig) -> tuple[str, ...]:
     return _LLAMA_LAYER + (_QK_NORMS if arch.qk_norm else ()) + (_SANDWICH_NORMS if arch.sandwich_norms else ())
 
 
-def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
+def _tensor_names(gguf: TensorSource, config: ModelConfig) -> list[str]:
     names = ["token_embd.weight", "output_norm.weight"]
     if "output.weight" in gguf.tensors:  # absent when the head is tied to the embedding
         names.append("output.weight")
@@ -147,7 +147,7 @@ def _tensor_names(gguf: GGUFFile, config: ModelConfig) -> list[str]:
     return names
 
 
-def rope_freqs(gguf: GGUFFile) -> tuple[float, ...]:
+def rope_freqs(gguf: TensorSource) -> tuple[float, ...]:
     """The file's RoPE frequency factors (Llama 3's scaling, as llama.cpp's converter stores it); none: empty."""
     return tuple(dequantize(gguf, "rope_freqs.weight").tolist()) if "rope_freqs.weight" in gguf.tensors else ()
 

@@ -10,9 +10,9 @@ the limit of the last step that prefilled beside decodes, as the server's /metri
 (`pagedserve:itl_target_seconds`) or the engine reported it. NumPy over HTTP: one `pagedserve serve` per
 target, all started first; 16 closed-loop clients, 256-token random prompts, 128 output tokens; the targets take
 turns round after round, so a host that speeds up or slows down moves them alike, and each point pools its
-rounds (the JSON keeps each round's throughput, TTFT p99 and ITL p99 / TPOT p50 too). NumPy engine alone: the same load stepped in
-this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps, to tell the
-scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
+rounds (the JSON keeps each round's throughput, TTFT p99 and ITL p99 / TPOT p50 too). NumPy engine alone: the
+same load stepped in this process (bench/closed_loop_sim.run_engine), no HTTP and no service beside the steps,
+to tell the scheduler's effect from the contention a server adds on 2 cores. Sim: the engine stepped on the
 virtual clock (bench/closed_loop_sim.py) for a Llama-3-8B shape on the h100 profile with the throughput preset
 (max_num_seqs 256, 8192-token budget): 64 clients, 1024-token prompts, 128 output tokens; exact and
 deterministic, so one round. Writes docs/results/itl-target.{json,png} and its block of PERFORMANCE.md.
