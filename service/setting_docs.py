@@ -75,7 +75,9 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
                                              "for any (then without credentials); may be repeated, each also "
                                              "a comma-separated list", default="none (no CORS headers)"),
     "backend.name": SettingDoc("the backend that runs the model", values="numpy, cupy, sim or a plugin's name"),
-    "backend.model": SettingDoc("the model file", values="GGUF path or none", default="the installed default model"),
+    "backend.model": SettingDoc("the model: a GGUF file, or a Hugging Face checkpoint directory (config.json, "
+                                "safetensors, tokenizer.json)", values="path or none",
+                                default="the installed default model"),
     "backend.chat_template": SettingDoc("a Jinja chat template file: replaces the model's own, or gives a model "
                                         "without one chat (without: chat requests get 400)", values="path or none",
                                         default="the model file's own"),
