@@ -71,6 +71,31 @@ class QuantMatrix:
 
 Matrix = np.ndarray | QuantMatrix  # a weight as a kernel receives it: float32, or as stored
 
+Q = GGMLQuantizationType
+# Blocks of 32 weights d * (q - offset), one float16 d a block, |q - offset| <= 16: Q8_0's blocks (d, then 32 int8)
+# hold the same d and the same integers, so gguf (and the kernels) give every weight the same float32 product.
+_OFFSET_BLOCKS = {Q.Q4_0: 8, Q.Q5_0: 16}
+
+
+def as_q8_0(matrix: QuantMatrix) -> QuantMatrix | None:
+    """The matrix in Q8_0 with every dequantized value unchanged (Q4_0, Q5_0: 1.55-2.1x their bytes, a quarter of a
+    float32 copy's), so that Q, K and V of mixed types stack as stored; None for a type that cannot be."""
+    if matrix.qtype == Q.Q8_0:
+        return matrix
+    offset = _OFFSET_BLOCKS.get(matrix.qtype)
+    if offset is None:
+        return None
+    rows, cols = matrix.shape
+    blocks = matrix.data.reshape(rows, cols // 32, -1)
+    nibbles = blocks[..., -16:]  # byte j: weight j in its low nibble, weight j + 16 in its high one
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+    if matrix.qtype == Q.Q5_0:  # qh (4 bytes after d, little-endian): bit j is weight j's fifth bit
+        qh = blocks[..., 2:6].copy().view("<u4")
+        q |= ((qh >> np.arange(32, dtype=np.uint32) & 1) << 4).astype(np.uint8)
+    ints = (q.astype(np.int16) - offset).astype(np.int8)
+    data = np.concatenate([blocks[..., :2], ints.view(np.uint8)], axis=-1).reshape(rows, -1)
+    return QuantMatrix(Q.Q8_0, matrix.shape, np.ascontiguousarray(data))
+
 
 def dequantize_rows(qtype: GGMLQuantizationType, data: np.ndarray, cols: int) -> np.ndarray:
     out = quants.dequantize(np.ascontiguousarray(data), qtype)

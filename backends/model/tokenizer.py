@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from backends.model.config import ModelLoadError
 from backends.model.sentencepiece import spm_fast_tokenizer, spm_token_bytes
+from backends.model.token_bytes import TokenBytes
 
 CONTROL_TOKEN_TYPE = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED_TOKEN_TYPE = 4  # matched in text as themselves (Gemma's runs of spaces and newlines), not special
@@ -37,7 +39,7 @@ def bytes_to_unicode() -> dict[int, str]:
 @dataclass(frozen=True)
 class Tokenizer:
     fast: FastTokenizer
-    token_bytes: tuple[bytes, ...]  # each id's raw bytes (control tokens: their text)
+    token_bytes: Sequence[bytes]  # each id's raw bytes (control tokens: their text), packed (TokenBytes)
     special_ids: frozenset[int]
     bos_token_id: int
     eos_token_ids: tuple[int, ...]
@@ -127,24 +129,27 @@ class IncrementalDetokenizer:
 
 
 def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
+    """The tokenizer of a GGUF file's metadata. Its big temporaries (the pieces as str objects, the vocabulary's
+    dict, the merges) live only while the `tokenizers` model is built and nothing that stays is made meanwhile:
+    what stays would keep their heap arenas resident (Gemma 3: 5 MiB)."""
     model = meta.get("tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
         raise ModelLoadError(f"{source}: tokenizer model '{model}' is not supported (BPE: 'gpt2' or 'llama')")
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    types = [int(t) for t in meta.get("tokenizer.ggml.token_type", [1] * len(tokens))]
-    special = [i for i, t in enumerate(types) if t == CONTROL_TOKEN_TYPE]
+    pieces: Sequence[str] = meta["tokenizer.ggml.tokens"]
+    types = np.asarray(meta.get("tokenizer.ggml.token_type", np.ones(len(pieces))), np.int64)
     if model == "gpt2":
-        fast = _build_fast(tokens, list(meta.get("tokenizer.ggml.merges", [])), str(meta.get("tokenizer.ggml.pre")))
-        token_bytes = _token_bytes(tokens, set(special))
+        token_bytes = _token_bytes(pieces, types)
+        fast = _build_fast(pieces, meta.get("tokenizer.ggml.merges", []), str(meta.get("tokenizer.ggml.pre")))
     else:
+        token_bytes = spm_token_bytes(pieces, types)
         unknown = meta.get("tokenizer.ggml.unknown_token_id")
-        fast = spm_fast_tokenizer(tokens, list(meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))), types,
-                                  bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+        fast = spm_fast_tokenizer(pieces, np.asarray(meta.get("tokenizer.ggml.scores", np.zeros(len(pieces)))),
+                                  types, bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
                                   None if unknown is None else int(unknown))
-        token_bytes = spm_token_bytes(tokens, types)
-    user = [i for i, t in enumerate(types) if t == USER_DEFINED_TOKEN_TYPE]
-    fast.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
-    fast.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special])
+    special = np.flatnonzero(types == CONTROL_TOKEN_TYPE).tolist()
+    fast.add_tokens([AddedToken(pieces[i], special=False, normalized=False)
+                     for i in np.flatnonzero(types == USER_DEFINED_TOKEN_TYPE).tolist()])
+    fast.add_special_tokens([AddedToken(pieces[i], special=True, normalized=False) for i in special])
     eos = [int(meta.get("tokenizer.ggml.eos_token_id", 2))]
     if "tokenizer.ggml.eot_token_id" in meta:  # an end-of-turn token the file names: a stop too
         eos.append(int(meta["tokenizer.ggml.eot_token_id"]))
@@ -154,15 +159,13 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
         special_ids=frozenset(special),
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=tuple(dict.fromkeys(eos)),
-        vocab_size=len(tokens),
+        vocab_size=len(pieces),
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),  # llama.cpp's defaults
     )
 
 
-def _build_fast(tokens: list[str], merges: list[str], pre: str) -> FastTokenizer:
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    fast = FastTokenizer(models.BPE(vocab=vocab, merges=pairs))  # type: ignore[arg-type]
+def _build_fast(pieces: Sequence[str], merges: Sequence[str], pre: str) -> FastTokenizer:
+    fast = FastTokenizer(_bpe(list(pieces), merges))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGIT_SPLITTING:
         fast.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -174,12 +177,18 @@ def _build_fast(tokens: list[str], merges: list[str], pre: str) -> FastTokenizer
     return fast
 
 
-def _token_bytes(tokens: list[str], special: set[int]) -> tuple[bytes, ...]:
+def _bpe(tokens: list[str], merges: Sequence[str]) -> models.BPE:
+    """Byte-level BPE from the file's merges; its temporaries go with this call."""
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    return models.BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=pairs)  # type: ignore[arg-type]
+
+
+def _token_bytes(tokens: Sequence[str], types: np.ndarray) -> TokenBytes:
     to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
-    out = []
-    for i, tok in enumerate(tokens):
-        if i in special or any(ch not in to_byte for ch in tok):
-            out.append(tok.encode("utf-8"))  # control tokens (and any odd entry) are spelled literally
-        else:
-            out.append(bytes(to_byte[ch] for ch in tok))
-    return tuple(out)
+
+    def spelled(control: bool, tok: str) -> bytes:
+        if control or any(ch not in to_byte for ch in tok):
+            return tok.encode("utf-8")  # control tokens (and any odd entry) are spelled literally
+        return bytes(to_byte[ch] for ch in tok)
+
+    return TokenBytes(spelled(t == CONTROL_TOKEN_TYPE, tok) for t, tok in zip(types.tolist(), tokens, strict=True))

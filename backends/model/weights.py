@@ -14,9 +14,10 @@ from gguf import GGMLQuantizationType, quants
 
 from backends.model.config import ModelConfig, ModelLoadError
 from backends.model.gguf_file import TensorInfo, TensorSource
-from backends.model.quant import Matrix, QuantMatrix, dense, matrix_bytes
+from backends.model.quant import Matrix, QuantMatrix, as_q8_0, dense, matrix_bytes
 
 F32 = np.float32
+Q = GGMLQuantizationType
 StoredTypes = Collection[GGMLQuantizationType]  # types a backend reads as stored
 
 
@@ -117,11 +118,15 @@ class _Loader:
         return dequantize(self.gguf, name)
 
     def stack(self, name: str, parts: list[Matrix]) -> Matrix:
-        """The parts as one matrix: stacked as stored when they share a type, else as float32."""
+        """The parts as one matrix: stacked as stored when they share a type or become Q8_0 unchanged (Gemma 3's
+        Q5_0 Q and K beside a Q8_0 V: 9 MB where a float32 copy took 35), else as float32."""
         if all(isinstance(p, QuantMatrix) for p in parts):
             quant = [p for p in parts if isinstance(p, QuantMatrix)]
             if len({p.qtype for p in quant}) == 1:
                 return QuantMatrix.stack(quant)
+            widened = [as_q8_0(p) for p in quant]
+            if Q.Q8_0 in self.stored and all(w is not None for w in widened):
+                return QuantMatrix.stack([w for w in widened if w is not None])
             self.dequantized.append(f"{name} (mixed {'/'.join(p.qtype.name for p in quant)})")
         return np.concatenate([dense(p) for p in parts])
 

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 from backends.model.config import ModelLoadError
 from backends.model.gguf_file import read_gguf
 from backends.model.loader import LoadedModel, load_model, open_model
-from backends.model.quant import Matrix, QuantMatrix
+from backends.model.quant import Matrix, QuantMatrix, as_q8_0
 from backends.model.weights import ModelWeights, dequantize
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES
-from tests.backends.tiny_gguf import write_tiny_llama
+from tests.backends.tiny_gguf import TOKENS, write_tiny_llama
 
 
 def test_default_model_config_matches_smollm2() -> None:
@@ -123,11 +123,42 @@ def test_stored_matrices_are_the_files_bytes(tmp_path: Path, qtype: Q) -> None:
 
 
 def test_a_type_without_a_kernel_is_dequantized_and_named(tmp_path: Path) -> None:
-    types = {"blk.0.ffn_down.weight": Q.MXFP4, "blk.1.attn_v.weight": Q.Q4_0}  # MXFP4: no kernel reads it
+    types = {"blk.0.ffn_down.weight": Q.MXFP4, "blk.1.attn_v.weight": Q.Q4_1}  # MXFP4: no kernel reads it
     weights = load_model(write_tiny_llama(tmp_path / "tiny.gguf", types=types), stored=STORED_TYPES).weights
     assert isinstance(weights.layers[0].w_down, np.ndarray) and isinstance(weights.layers[1].wqkv, np.ndarray)
     assert isinstance(weights.layers[1].w_down, QuantMatrix)
-    assert weights.dequantized == ("blk.0.ffn_down.weight (MXFP4)", "blk.1.attn_qkv (mixed Q8_0/Q8_0/Q4_0)")
+    # Q4_1's d * q + m has no Q8_0 spelling: the mixed QKV is a float32 copy
+    assert weights.dequantized == ("blk.0.ffn_down.weight (MXFP4)", "blk.1.attn_qkv (mixed Q8_0/Q8_0/Q4_1)")
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q5_0, Q.Q8_0])
+def test_q4_0_and_q5_0_become_q8_0_with_every_value_unchanged(qtype: Q) -> None:
+    rng = np.random.default_rng(3)
+    values = rng.normal(0, 1, (24, 256)) * rng.choice([1e-3, 1, 300], (24, 1))  # scales near and far apart
+    values[0, :32] = 0  # a block of zeros: d is 0
+    values[1, :32] = np.linspace(-1, 1, 32)  # every integer of the block's range, both ends
+    stored = QuantMatrix.quantize(values, qtype)
+    widened = as_q8_0(stored)
+    assert widened is not None and widened.qtype == Q.Q8_0 and widened.shape == stored.shape
+    np.testing.assert_array_equal(widened.dequantize(), stored.dequantize())  # gguf's values, bit for bit
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.F16])
+def test_types_that_q8_0_cannot_spell_are_not_widened(qtype: Q) -> None:
+    block, block_bytes = GGML_QUANT_SIZES[qtype]
+    assert as_q8_0(QuantMatrix(qtype, (2, 256), np.zeros((2, 256 // block * block_bytes), np.uint8))) is None
+
+
+def test_mixed_q5_0_and_q8_0_qkv_stacks_as_stored_q8_0(tmp_path: Path) -> None:
+    """Gemma 3's layers: Q5_0 Q and K beside a Q8_0 V stay one stored matrix (no float32 copy), and it gives
+    the file's values."""
+    types = {f"blk.1.attn_{p}.weight": Q.Q5_0 for p in "qk"}
+    path = write_tiny_llama(tmp_path / "tiny.gguf", types=types)
+    weights, raw = load_model(path, stored=STORED_TYPES).weights, read_gguf(path)
+    wqkv = weights.layers[1].wqkv
+    assert isinstance(wqkv, QuantMatrix) and wqkv.qtype == Q.Q8_0 and not weights.dequantized
+    np.testing.assert_array_equal(wqkv.dequantize(), np.concatenate(
+        [dequantize(raw, f"blk.1.attn_{p}.weight") for p in "qkv"]))
 
 
 def test_the_backend_says_once_which_matrices_are_float32_copies(tmp_path: Path,
@@ -138,3 +169,12 @@ def test_the_backend_says_once_which_matrices_are_float32_copies(tmp_path: Path,
         NumpyBackend(model, "numpy")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "2 weight matrices are float32 copies" in warnings[0] and "2 x MXFP4" in warnings[0]
+
+
+def test_string_arrays_read_as_the_files_strings(tmp_path: Path) -> None:
+    """GGUF string arrays stay packed (gguf_file.StringArray) and read as the strings written."""
+    tokens = read_gguf(write_tiny_llama(tmp_path / "tiny.gguf")).metadata["tokenizer.ggml.tokens"]
+    assert list(tokens) == TOKENS and len(tokens) == len(TOKENS) and tokens[-1] == TOKENS[-1]
+    assert tokens[2:5] == TOKENS[2:5]
+    with pytest.raises(IndexError):
+        tokens[len(TOKENS)]
