@@ -110,13 +110,11 @@ def test_the_tokenizer_and_template_are_the_checkpoints(checkpoint: Path) -> Non
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("weights", ["float32", "gguf"])
-def test_generate_gives_transformers_greedy_tokens(checkpoint: Path, capsys: pytest.CaptureFixture[str],
-                                                    weights: str) -> None:
-    _, files = open_model(checkpoint)
+def test_generate_gives_transformers_greedy_tokens(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, files = open_model(checkpoint)  # float32 matrices: --weights gguf and float32 load the same floats
     for run_ in EXPECTED["runs"]:
-        code, out, err = run(capsys, "generate", "--model", str(checkpoint), "--weights", weights, "--prompt",
-                             run_["prompt"], "--max-tokens", str(len(run_["greedy"])))
+        code, out, err = run(capsys, "generate", "--model", str(checkpoint), "--prompt", run_["prompt"],
+                             "--max-tokens", str(len(run_["greedy"])))
         assert code == 0, err
         assert out.rstrip("\n") == files.tokenizer.decode(run_["greedy"]).rstrip("\n")
 
@@ -137,18 +135,23 @@ def test_served_over_http_under_the_directorys_name(checkpoint: Path) -> None:
         server.close()
 
 
-def test_float16_and_bfloat16_matrices_are_kept_as_stored(tensors: dict[str, np.ndarray], tmp_path: Path) -> None:
+def test_float16_and_bfloat16_matrices_are_kept_as_stored(tmp_path: Path) -> None:
+    tiny = tiny_checkpoint(tmp_path / "f32")
+    tensors = hf_tensors(load_model(tiny))
     halves = {n: t.astype(np.float16) if t.ndim == 2 else t for n, t in tensors.items()}
-    f16 = load_model(write_checkpoint(tmp_path / "f16", halves, shards=1), stored=STORED_TYPES)
-    layer = f16.weights.layers[0]
+    f16 = write_checkpoint(tmp_path / "f16", halves, shards=1)
+    shutil.copy(tiny / "config.json", f16)
+    f16_model = load_model(f16, stored=STORED_TYPES)
+    layer = f16_model.weights.layers[0]
     assert isinstance(layer.wqkv, QuantMatrix) and layer.wqkv.qtype == GGMLQuantizationType.F16
-    q = dense(layer.wqkv)[: f16.config.q_size]
-    assert np.array_equal(hf_rows(q, f16.config.num_heads), halves["model.layers.0.self_attn.q_proj.weight"])
+    q = dense(layer.wqkv)[: f16_model.config.q_size]
+    assert np.array_equal(hf_rows(q, f16_model.config.num_heads), halves["model.layers.0.self_attn.q_proj.weight"])
     bf16 = write_checkpoint(tmp_path / "bf16", {}, shards=1)
+    shutil.copy(tiny / "config.json", bf16)
     write_bfloat16(bf16 / "model-00001-of-00001.safetensors", tensors)
-    stored = load_model(bf16, stored=STORED_TYPES).weights.layers[3].w_down
+    stored = load_model(bf16, stored=STORED_TYPES).weights.layers[1].w_down
     assert isinstance(stored, QuantMatrix) and stored.qtype == GGMLQuantizationType.BF16
-    top = tensors["model.layers.3.mlp.down_proj.weight"].view(np.uint32) >> 16  # bfloat16: the top half
+    top = tensors["model.layers.1.mlp.down_proj.weight"].view(np.uint32) >> 16  # bfloat16: the top half
     assert np.array_equal(dense(stored).view(np.uint32), top << 16)
 
 
@@ -194,6 +197,18 @@ def tiny_checkpoint(directory: Path, **config: object) -> Path:
 def test_a_tiny_checkpoint_loads(tmp_path: Path) -> None:
     model = load_model(tiny_checkpoint(tmp_path / "tiny"))
     assert (model.config.num_layers, model.config.head_dim, model.config.rope_theta) == (2, 16, 100000.0)
+
+
+def test_the_older_config_format_is_read(tmp_path: Path) -> None:
+    """Before transformers 5, RoPE's base and scaling sat at the top level of config.json."""
+    directory = tiny_checkpoint(tmp_path / "tiny")
+    path = directory / "config.json"
+    settings = {k: v for k, v in json.loads(path.read_text()).items() if k != "rope_parameters"}
+    path.write_text(json.dumps({**settings, "rope_theta": 500000.0, "rope_scaling": None}))
+    assert open_model(directory)[1].config.rope_theta == 500000.0
+    path.write_text(json.dumps({**settings, "rope_scaling": {"type": "dynamic", "factor": 2.0}}))
+    with pytest.raises(ModelLoadError, match="RoPE scaling 'dynamic' is not supported"):
+        open_model(directory)
 
 
 @pytest.mark.parametrize(("breakage", "message"), [
