@@ -4,8 +4,9 @@ row order, each as stored (float32, float16 or bfloat16, memory-mapped). The con
 passes then serve it exactly as they serve the GGUF of the same model.
 
 Both generations of config.json are read: RoPE's base and scaling at the top level (`rope_theta`,
-`rope_scaling`) or, as transformers 5 writes them, in `rope_parameters`. Anything the served architectures do
-not compute (a RoPE scaling, a sliding window, biases where the architecture has none) is refused in one line.
+`rope_scaling`) or, as transformers 5 writes them, in `rope_parameters`. Llama 3's RoPE scaling becomes the
+`rope_freqs.weight` tensor llama.cpp's converter writes for it. Anything the served architectures do not compute
+(another RoPE scaling, a sliding window, a tensor the architecture has no place for) is refused in one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from backends.model.architecture import ARCHITECTURES
 from backends.model.config import ModelConfig, ModelLoadError
@@ -34,6 +35,8 @@ _LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_at
           "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 _GLOBAL_HF, _LAYER_HF = ({v: k for k, v in names.items()} for names in (_GLOBAL, _LAYER))
 _LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
+ROPE_FREQS = "rope_freqs.weight"  # GGUF's name for Llama 3's per-pair RoPE frequency divisors
+SCALINGS = ("default", "llama3")  # RoPE scalings computed
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def read_checkpoint(directory: Path, config: dict[str, Any], tokenizer_meta: dic
     under GGUF's keys."""
     arch = architecture_of(directory, config)
     meta = {**metadata_of(directory, config, arch), **tokenizer_meta}
-    stored = _gguf_named(read_tensors(directory), config)
+    stored = {**_gguf_named(read_tensors(directory), config), **_rope_freqs(config)}
     permuted = _permuted(stored, config) if ARCHITECTURES[arch].rope_pairs == "interleaved" else {}
     tensors = {name: TensorInfo(name, t.shape, t.qtype, 0) for name, t in stored.items()}
     return Checkpoint(directory, meta, tensors, stored, permuted)
@@ -90,9 +93,9 @@ def architecture_of(directory: Path, config: dict[str, Any]) -> str:
 
 def _refuse_unserved(directory: Path, config: dict[str, Any], arch: str) -> None:
     """What config.json asks for that the architecture's forward does not compute."""
-    scaling = _rope(config).get("rope_type") or _rope(config).get("type") or "default"
-    if scaling != "default":
-        raise ModelLoadError(f"{directory}: RoPE scaling {scaling!r} is not supported")
+    scaling = _rope_type(config)
+    if scaling not in SCALINGS:
+        raise ModelLoadError(f"{directory}: RoPE scaling {scaling!r} is not supported (served: {', '.join(SCALINGS)})")
     window = config.get("sliding_window")
     if config.get("use_sliding_window", arch == "llama") and window and window < _context(config):
         raise ModelLoadError(f"{directory}: a sliding window ({window} positions) is not supported for {arch}")
@@ -109,6 +112,39 @@ def _rope(config: dict[str, Any]) -> dict[str, Any]:
     return {**(scaling if isinstance(scaling, dict) else {}), "rope_theta": config.get("rope_theta", 10000.0)}
 
 
+def _rope_type(config: dict[str, Any]) -> str:
+    return str(_rope(config).get("rope_type") or _rope(config).get("type") or "default")
+
+
+def _rope_freqs(config: dict[str, Any]) -> dict[str, StoredTensor]:
+    """Llama 3's scaling as the tensor the GGUF of the same model holds, so that the rest of the loader reads
+    both formats alike; none for plain RoPE."""
+    if _rope_type(config) != "llama3":
+        return {}
+    factors = llama3_rope_factors(_rope(config), _head_dim(config))
+    return {ROPE_FREQS: StoredTensor(factors.shape, GGMLQuantizationType.F32, factors.view(np.uint8))}
+
+
+def llama3_rope_factors(rope: dict[str, Any], head_dim: int) -> np.ndarray:
+    """Each RoPE pair's frequency divisor for rope_type llama3, as llama.cpp's converter computes it (its
+    LlamaModel.generate_extra_tensors): pairs of wavelength below original_max_position_embeddings /
+    high_freq_factor keep theirs, those above / low_freq_factor are divided by `factor`, those between
+    interpolated. The base frequencies are rounded to float32 as the converter's torch code rounds them."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    freqs = 1.0 / (float(rope["rope_theta"]) ** exponents.astype(np.float64)).astype(np.float32)
+    wavelength = 2 * np.pi / freqs.astype(np.float64)
+    factor, low, high = (float(rope[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    context = float(rope["original_max_position_embeddings"])
+    smooth = (context / wavelength - low) / (high - low)
+    between = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelength < context / high, 1.0,
+                    np.where(wavelength > context / low, factor, between)).astype(np.float32)
+
+
+def _head_dim(config: dict[str, Any]) -> int:
+    return int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+
+
 def _context(config: dict[str, Any]) -> int:
     return int(config.get("max_position_embeddings", 2048))
 
@@ -119,7 +155,7 @@ def metadata_of(directory: Path, config: dict[str, Any], arch: str) -> dict[str,
     keys = {"embedding_length": hidden, "block_count": config["num_hidden_layers"],
             "feed_forward_length": config["intermediate_size"], "attention.head_count": heads,
             "attention.head_count_kv": config.get("num_key_value_heads") or heads,
-            "attention.key_length": config.get("head_dim") or hidden // heads,
+            "attention.key_length": _head_dim(config),
             "rope.freq_base": float(_rope(config).get("rope_theta", 10000.0)),
             "attention.layer_norm_rms_epsilon": config.get("rms_norm_eps", 1e-6),
             "vocab_size": config["vocab_size"], "context_length": _context(config)}
@@ -157,28 +193,41 @@ def _permuted(stored: dict[str, StoredTensor], config: dict[str, Any]) -> dict[s
 
 
 def check_shapes(checkpoint: Checkpoint, config: ModelConfig) -> None:
-    """Every tensor the forward reads is there with the shape config.json implies: refused in one line, naming
-    the checkpoint's tensor, before anything is loaded."""
-    for name, shape in _expected_shapes(config, "output.weight" in checkpoint.tensors).items():
+    """Every tensor the forward reads is there with the shape config.json implies, and no other (a bias the
+    architecture has no place for would be dropped silently): refused in one line, naming the checkpoint's
+    tensor, before anything is loaded."""
+    expected = _expected_shapes(config, "output.weight" in checkpoint.tensors)
+    for name, shape in expected.items():
         info = checkpoint.tensors.get(name)
         if info is None:
             raise ModelLoadError(f"{checkpoint.path}: tensor {hf_name(name)} is missing")
         if info.shape != shape:
             raise ModelLoadError(f"{checkpoint.path}: tensor {hf_name(name)} has shape {list(info.shape)}, "
                                  f"config.json implies {list(shape)}")
+    extra = sorted(set(checkpoint.tensors) - set(expected) - {ROPE_FREQS})
+    if extra:
+        raise ModelLoadError(f"{checkpoint.path}: tensor {hf_name(extra[0])} has no place in {config.architecture}")
 
 
 def _expected_shapes(c: ModelConfig, untied: bool) -> dict[str, tuple[int, ...]]:
-    h, f = c.hidden_size, c.intermediate_size
+    h = c.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
     if untied:
         shapes["output.weight"] = (c.vocab_size, h)
+    for i in range(c.num_layers):
+        shapes |= {f"blk.{i}.{part}": shape for part, shape in _layer_shapes(c).items()}
+    return shapes
+
+
+def _layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    h, f = c.hidden_size, c.intermediate_size
     layer = {"attn_norm": (h,), "attn_q": (c.q_size, h), "attn_k": (c.kv_size, h), "attn_v": (c.kv_size, h),
              "attn_output": (h, c.q_size), "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
     if c.arch.qk_norm:
         layer |= {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,)}
-    for i in range(c.num_layers):
-        shapes |= {f"blk.{i}.{part}.weight": shape for part, shape in layer.items()}
+    shapes = {f"{part}.weight": shape for part, shape in layer.items()}
+    if c.arch.qkv_bias:
+        shapes |= {"attn_q.bias": (c.q_size,), "attn_k.bias": (c.kv_size,), "attn_v.bias": (c.kv_size,)}
     return shapes
 
 

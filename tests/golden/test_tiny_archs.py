@@ -1,10 +1,11 @@
 """Llama 3 (RoPE scaling, untied head), Mistral, Qwen2 (QKV biases, tied and untied) and Qwen3 (QK norm, head_dim
-apart from hidden / heads) as GGUF files, against an independent implementation: tiny random models that
-transformers built and ran in float32 (tiny_archs/reference.json, written with the GGUF files by
-tiny_archs/make_reference.py, which also checks that transformers' own GGUF loader reads each file back as the
-model it saved). Each file is served by the NumPy backend through the NumPy reference forward and through the
-fused C step, with the weights as stored and as float32 copies (--weights float32; the files are float32, so the
-two load the same floats): logits of every generated position, and greedy continuations token for token."""
+apart from hidden / heads), each as a GGUF file and as a Hugging Face checkpoint directory, against an
+independent implementation: tiny random models that transformers built and ran in float32
+(tiny_archs/reference.json, written with the GGUF files and the directories by tiny_archs/make_reference.py,
+which also checks that transformers reads each file and directory back as the model it saved). Each is served by
+the NumPy backend through the NumPy reference forward and through the fused C step, with the weights as stored
+and as float32 copies (--weights float32; both formats are float32, so the two load the same floats): logits of
+every generated position, and greedy continuations token for token."""
 
 from __future__ import annotations
 
@@ -43,6 +44,12 @@ LOGIT_TOL = 1e-4
 MARGIN_FLOOR = 2 * LOGIT_TOL  # a greedy step closer than this to a tie may flip between two float32 implementations
 PATHS = {"numpy": "numpy", "fused C step": "native"}  # cpu_kernels
 WEIGHTS = {"gguf": STORED_TYPES, "float32": ()}  # --weights: as stored where a kernel reads the type, or float32
+FORMATS = ("gguf", "checkpoint")  # <case>.gguf, or the directory <case>/ that save_pretrained wrote
+
+
+def model_path(name: str, fmt: str) -> Path:
+    """A case's GGUF, or a directory of checkpoints.json (the cases' own, and the 16-bit one)."""
+    return HERE / (CASES[name]["gguf"] if fmt == "gguf" else name)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -50,17 +57,17 @@ def case(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return request.param, CASES[request.param]
 
 
-_models: dict[tuple[str, str], LoadedModel] = {}
+_models: dict[tuple[str, str, str], LoadedModel] = {}
 
 
-def model_of(name: str, weights: str) -> LoadedModel:
-    if (name, weights) not in _models:
-        _models[name, weights] = load_model(HERE / CASES[name]["gguf"], stored=WEIGHTS[weights])
-    return _models[name, weights]
+def model_of(name: str, weights: str, fmt: str = "gguf") -> LoadedModel:
+    if (name, weights, fmt) not in _models:
+        _models[name, weights, fmt] = load_model(model_path(name, fmt), stored=WEIGHTS[weights])
+    return _models[name, weights, fmt]
 
 
-def backend_of(name: str, weights: str, path: str) -> NumpyBackend:
-    backend = NumpyBackend(model_of(name, weights), cpu_kernels=PATHS[path])
+def backend_of(name: str, weights: str, path: str, fmt: str = "gguf") -> NumpyBackend:
+    backend = NumpyBackend(model_of(name, weights, fmt), cpu_kernels=PATHS[path])
     assert (backend.forward.fused_step is not None) == (path == "fused C step")  # the path asked for runs
     backend.init_cache(32, BLOCK)
     return backend
@@ -80,33 +87,43 @@ def decided(margins: list[float]) -> int:
     return next((i for i, m in enumerate(margins) if m < MARGIN_FLOOR), len(margins))
 
 
-@pytest.mark.parametrize("weights", sorted(WEIGHTS))
-@pytest.mark.parametrize("path", sorted(PATHS))
-def test_logits_are_the_references(case: tuple[str, dict[str, Any]], path: str, weights: str) -> None:
-    """The whole row at the prompt's last position, and the reference's ten best at every generated one."""
-    name, record = case
-    backend = backend_of(name, weights, path)
-    for prompt in record["prompts"].values():
+def assert_logits(backend: NumpyBackend, prompts: dict[str, Any], tol: float) -> None:
+    """The whole row at each prompt's last position, and the reference's ten best at every generated one."""
+    for prompt in prompts.values():
         logits = positions_logits(backend, prompt["token_ids"], prompt["greedy"])
-        np.testing.assert_allclose(logits[0], prompt["last_prompt_logits"], atol=LOGIT_TOL, rtol=0)
+        np.testing.assert_allclose(logits[0], prompt["last_prompt_logits"], atol=tol, rtol=0)
         for row, top in zip(logits, prompt["top10"], strict=True):
-            np.testing.assert_allclose(row[top["ids"]], top["logits"], atol=LOGIT_TOL, rtol=0)
+            np.testing.assert_allclose(row[top["ids"]], top["logits"], atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("weights", sorted(WEIGHTS))
-@pytest.mark.parametrize("path", sorted(PATHS))
-def test_greedy_continuations_are_the_references(case: tuple[str, dict[str, Any]], path: str, weights: str) -> None:
-    """All prompts at once through the engine (prefill chunks beside decodes, rows beside rows)."""
-    name, record = case
-    model, prompts = model_of(name, weights), list(record["prompts"].values())
-    llm = LLM(SchedulerConfig(), PagedKVCacheManager(32, BLOCK), backend_of(name, weights, path),
-              model.files.tokenizer, max_model_len=256)
+def assert_greedy(backend: NumpyBackend, model: LoadedModel, prompts: list[dict[str, Any]]) -> None:
+    """All prompts at once through the engine (prefill chunks beside decodes, rows beside rows): the reference's
+    greedy tokens up to its first near-tie."""
+    llm = LLM(SchedulerConfig(), PagedKVCacheManager(32, BLOCK), backend, model.files.tokenizer, max_model_len=256)
     outs = llm.generate([p["token_ids"] for p in prompts],
                         SamplingParams(temperature=0.0, max_tokens=REFERENCE["greedy_steps"], ignore_eos=True))
     for out, prompt in zip(outs, prompts, strict=True):
         sure = decided(prompt["margins"])
         assert sure >= 8  # the comparison is not vacuous
         assert list(out.choices[0].token_ids)[:sure] == prompt["greedy"][:sure]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("weights", sorted(WEIGHTS))
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_logits_are_the_references(case: tuple[str, dict[str, Any]], path: str, weights: str, fmt: str) -> None:
+    name, record = case
+    assert_logits(backend_of(name, weights, path, fmt), record["prompts"], LOGIT_TOL)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("weights", sorted(WEIGHTS))
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_greedy_continuations_are_the_references(case: tuple[str, dict[str, Any]], path: str, weights: str,
+                                                 fmt: str) -> None:
+    name, record = case
+    assert_greedy(backend_of(name, weights, path, fmt), model_of(name, weights, fmt),
+                  list(record["prompts"].values()))
 
 
 def test_the_files_say_what_each_model_has() -> None:

@@ -1,4 +1,5 @@
-"""Tiny random Llama 3 / Mistral / Qwen2 / Qwen3 models as GGUF files, with transformers' logits for them.
+"""Tiny random Llama 3 / Mistral / Qwen2 / Qwen3 models as GGUF files and as Hugging Face checkpoint directories,
+with transformers' logits for them.
 
 For each case in CASES this builds a small randomly initialised model with Hugging Face ``transformers`` (2
 layers, hidden 64, grouped-query attention, a 512-token vocabulary of its own), writes it as ``<case>.gguf``
@@ -27,21 +28,34 @@ logits are compared with the same model run without the scaling), and it does no
 ``qwen3.attention.key_length`` (head_dim is passed to it). For the Llama 3 case the record also holds the
 greedy tokens without the scaling, which the test checks differ: it would fail with the factors ignored.
 
+Each model is also saved with ``save_pretrained`` as ``<case>/`` (float32 ``model.safetensors``, config.json in
+transformers 5's generation, generation_config.json: Llama 3's lists two EOS ids), with a tokenizer of its own:
+the GGUF's byte-level BPE vocabulary and merges as ``tokenizer.json`` (Llama 3's post-processor puts BOS first)
+and ``tokenizer_config.json`` naming BOS and EOS. ``qwen2_untied`` is saved in bfloat16 too
+(``qwen2_untied_bf16/``). transformers reads each directory back to the same parameters and logits (for bfloat16:
+the model's weights rounded to bfloat16, computing in float32), and ``checkpoints.json`` records, per directory,
+what its tokenizer and generation config make of a few texts and, for bfloat16, the rounded model's reference (as
+reference.json's) and how far the rounding moved the float32 reference's logits.
+
 Run it by hand from the repository root with the reference virtual environment (torch 2.13, transformers
 5.25, gguf 0.19; nothing is downloaded)::
 
     HF_HUB_OFFLINE=1 /work/refvenv/bin/python tests/golden/tiny_archs/make_reference.py
 
-It takes about a minute and writes the GGUF files (140-200 kB each) and ``reference.json`` beside itself.
+It takes seconds and writes the GGUF files (440-570 kB each), the directories (300-590 kB each),
+``reference.json`` and ``checkpoints.json`` beside itself; with the same versions it rewrites the GGUF files and
+reference.json byte for byte.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -53,8 +67,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import gguf
 import numpy as np
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -63,6 +80,7 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    TokenizersBackend,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -248,6 +266,117 @@ def write_gguf(case: Case, model: Any, path: Path) -> None:
     writer.close()
 
 
+# ---- the checkpoint directory, as transformers saves it ----
+
+BOS, EOS, END_OF_TURN = 1, 0, 2  # <|im_start|>, <|endoftext|>, <|im_end|>: the GGUF's BOS and EOS
+SIXTEEN_BIT = {"qwen2_untied": torch.bfloat16}  # also saved in 16 bits, as <case>_bf16
+TEXTS = ["hello world", "abc  def\nghi", "naïve café ☕", "<|im_start|>hi<|im_end|> x", "aabbccdd 12345!"]
+
+
+def is_llama3(case: Case) -> bool:
+    return (case.config.rope_parameters or {}).get("rope_type") == "llama3"
+
+
+def tokenizer_json(case: Case) -> Tokenizer:
+    """The GGUF's byte-level BPE (vocabulary and merges) as tokenizer.json; the Llama 3 case's post-processor
+    puts BOS first, as Llama 3's does."""
+    tokens, _, merges = vocabulary()
+    pairs = [tuple(m.split(" ")) for m in merges]
+    fast = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs))
+    fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    fast.decoder = decoders.ByteLevel()
+    fast.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens[:3]])
+    if is_llama3(case):
+        fast.post_processor = processors.TemplateProcessing(single=f"{tokens[BOS]} $A",
+                                                            special_tokens=[(tokens[BOS], BOS)])
+    return fast
+
+
+def write_checkpoint(case: Case, model: Any, directory: Path, dtype: torch.dtype) -> None:
+    """The model as save_pretrained writes it in `dtype` (model.safetensors, config.json, generation_config.json),
+    with the tokenizer's files; BOS and EOS the GGUF's, Llama 3's generation config ending at end of turn too."""
+    saved = copy.deepcopy(model).to(dtype)
+    saved.config.bos_token_id, saved.config.eos_token_id = BOS, EOS
+    saved.generation_config = GenerationConfig(bos_token_id=BOS,
+                                               eos_token_id=[EOS, END_OF_TURN] if is_llama3(case) else EOS)
+    shutil.rmtree(directory, ignore_errors=True)
+    saved.save_pretrained(directory)
+    tokens = vocabulary()[0]
+    TokenizersBackend(tokenizer_object=tokenizer_json(case), bos_token=tokens[BOS],
+                      eos_token=tokens[EOS]).save_pretrained(directory)
+
+
+def rounded(model: Any, dtype: torch.dtype) -> Any:
+    """The model with its parameters rounded to `dtype` and computing in float32: what a loader that keeps the
+    16-bit weights as stored and multiplies in float32 computes. Only the parameters: model.to(dtype) would round
+    the RoPE frequencies (a buffer) too."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in out.parameters():
+            param.copy_(param.to(dtype).to(torch.float32))
+    return out.eval()
+
+
+@torch.no_grad()
+def check_checkpoint(expected: Any, directory: Path) -> dict[str, Any]:
+    """transformers reads the directory back as `expected`: every parameter bit for bit (as float32), the same
+    logits."""
+    loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+    ours, theirs = expected.state_dict(), loaded.state_dict()
+    unequal = sorted(set(ours) ^ set(theirs)) or [n for n in ours if not torch.equal(ours[n], theirs[n])]
+    if unequal:
+        raise SystemExit(f"{directory.name}: transformers reads other parameters back: {unequal}")
+    worst = max(float((loaded(input_ids=torch.tensor([ids])).logits
+                       - expected(input_ids=torch.tensor([ids])).logits).abs().max()) for ids in PROMPTS.values())
+    if worst > 0:
+        raise SystemExit(f"{directory.name}: transformers' logits of the directory differ by {worst}")
+    return {"parameters_equal": len(ours), "logits_max_abs_diff": worst}
+
+
+def tokenizer_record(directory: Path) -> dict[str, Any]:
+    """What transformers' tokenizer and generation config make of the directory: BOS, EOS, and each text's ids
+    (without and with the special tokens the tokenizer adds) and their decoding."""
+    tok = AutoTokenizer.from_pretrained(directory)
+    generation = GenerationConfig.from_pretrained(directory)
+    texts = []
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=True)
+        texts.append({"text": text, "ids": tok.encode(text, add_special_tokens=False), "prompt_ids": ids,
+                      "decoded": tok.decode(ids, skip_special_tokens=True),
+                      "decoded_with_special": tok.decode(ids, skip_special_tokens=False)})
+    return {"tokenizer_class": type(tok).__name__, "bos_token_id": tok.bos_token_id,
+            "eos_token_id": tok.eos_token_id, "generation_eos_token_id": generation.eos_token_id, "texts": texts}
+
+
+def max_logit_change(model: Any, other: Any, prompts: dict[str, Any]) -> float:
+    """The largest difference of the two models' logits at the positions the test compares with `model`'s
+    reference (`prompts`: each prompt's, its greedy tokens after it)."""
+    return max(float((positions_logits(other, p["token_ids"], p["greedy"])
+                      - positions_logits(model, p["token_ids"], p["greedy"])).abs().max()) for p in prompts.values())
+
+
+def checkpoint_records(case: Case, model: Any, prompts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """<case>/ in float32 (and <case>_bf16/ where SIXTEEN_BIT says): written, read back by transformers, and for
+    16 bits the rounded model's own reference (transformers' float32 logits of the rounded weights) and how far
+    the rounding moved the logits of the float32 reference's `prompts`."""
+    out = {}
+    for suffix, dtype in [("", torch.float32), *(("_bf16", d) for d in [SIXTEEN_BIT.get(case.name)] if d)]:
+        directory = HERE / f"{case.name}{suffix}"
+        write_checkpoint(case, model, directory, dtype)
+        expected = model if dtype == torch.float32 else rounded(model, dtype)
+        record: dict[str, Any] = {"of": case.name, "dtype": str(dtype).removeprefix("torch."),
+                                  "transformers_check": check_checkpoint(expected, directory),
+                                  "tokenizer": tokenizer_record(directory),
+                                  "bytes": sum(f.stat().st_size for f in directory.iterdir())}
+        if dtype != torch.float32:
+            record["float32_logits_max_abs_diff"] = max_logit_change(model, expected, prompts)
+            record["prompts"] = {name: record_prompt(expected, ids) for name, ids in PROMPTS.items()}
+        out[directory.name] = record
+        print(f"  {directory.name}/: {record['bytes']} bytes, {record['dtype']}", flush=True)
+    return out
+
+
 # ---- the reference ----
 
 @torch.no_grad()
@@ -316,7 +445,8 @@ def check_gguf_loader(case: Case, model: Any, path: Path) -> dict[str, Any]:
             else "the model", "loader_kwargs": case.hf_kwargs}
 
 
-def run_case(case: Case, seed: int) -> dict[str, Any]:
+def run_case(case: Case, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The case's reference record, and its checkpoint directories' records."""
     torch.manual_seed(seed)
     model = build(case, seed)
     path = HERE / f"{case.name}.gguf"
@@ -339,7 +469,7 @@ def run_case(case: Case, seed: int) -> dict[str, Any]:
         record["without_rope_scaling"] = {name: greedy(plain, ids) for name, ids in PROMPTS.items()}
     print(f"{case.name}: {path.stat().st_size} bytes; greedy {record['prompts']['short']['greedy'][:8]}; "
           f"smallest margin {min(min(p['margins']) for p in record['prompts'].values()):.4f}", flush=True)
-    return record
+    return record, checkpoint_records(case, model, record["prompts"])
 
 
 def versions() -> dict[str, str]:
@@ -350,10 +480,15 @@ def versions() -> dict[str, str]:
 
 def main() -> None:
     torch.set_num_threads(1)  # a deterministic reduction order, whatever the host
-    cases = {case.name: run_case(case, seed) for seed, case in enumerate(CASES)}
-    record = {"versions": versions(), "reference": "transformers, float32, eager attention, CPU",
-              "greedy_steps": GREEDY_STEPS, "cases": cases}
-    out = HERE / "reference.json"
+    runs = {case.name: run_case(case, seed) for seed, case in enumerate(CASES)}
+    common = {"versions": versions(), "reference": "transformers, float32, eager attention, CPU",
+              "greedy_steps": GREEDY_STEPS}
+    write_json(HERE / "reference.json", {**common, "cases": {name: run[0] for name, run in runs.items()}})
+    write_json(HERE / "checkpoints.json", {**common, "directories": {
+        name: record for run in runs.values() for name, record in run[1].items()}})
+
+
+def write_json(out: Path, record: dict[str, Any]) -> None:
     # one line per list of numbers: 5 x 3 rows of 512 logits would take 7,680 lines
     text = re.sub(r"\[[-0-9.e,\s]*\]", lambda m: re.sub(r"\s+", " ", m.group(0)), json.dumps(record, indent=1))
     out.write_text(text + "\n", encoding="utf-8")
