@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from backends.model.config import ModelLoadError
@@ -22,6 +22,16 @@ USER_DEFINED_TOKEN_TYPE = 4  # matched in text as themselves (Gemma's runs of sp
 # Pre-tokenizers whose regex is GPT-2's after splitting every digit on its own (StarCoder-style vocabularies).
 _DIGIT_SPLITTING = {"smollm", "starcoder", "refact", "codeshell", "exaone", "minerva"}
 _GPT2_STYLE = {"gpt2", "default", "olmo", "jais", "poro-chat", "viking", "gpt-2"}
+# Llama 3's and Qwen2's splits as llama.cpp runs them (src/llama-vocab.cpp): Hugging Face's regexes with the
+# contractions' (?i:...) spelled out, so that "'ſt" stays one word as in llama.cpp ((?i:'s) folds ſ to s).
+_LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # one digit a word
+# The names llama.cpp reads as each split. Its Llama 3 group also takes a word the vocabulary holds whole, without
+# merging (ignore_merges, as Llama 3's tokenizer.json has it), and adds BOS unless the file says otherwise.
+_LLAMA3_STYLE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                 "jina-v5-nano"}
+_QWEN2_STYLE = {"qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan"}
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -137,9 +147,10 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
         raise ModelLoadError(f"{source}: tokenizer model '{model}' is not supported (BPE: 'gpt2' or 'llama')")
     pieces: Sequence[str] = meta["tokenizer.ggml.tokens"]
     types = np.asarray(meta.get("tokenizer.ggml.token_type", np.ones(len(pieces))), np.int64)
+    pre = str(meta.get("tokenizer.ggml.pre"))
     if model == "gpt2":
         token_bytes = _token_bytes(pieces, types)
-        fast = _build_fast(pieces, meta.get("tokenizer.ggml.merges", []), str(meta.get("tokenizer.ggml.pre")))
+        fast = _build_fast(pieces, meta.get("tokenizer.ggml.merges", []), pre)
     else:
         token_bytes = spm_token_bytes(pieces, types)
         unknown = meta.get("tokenizer.ggml.unknown_token_id")
@@ -160,27 +171,37 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
         bos_token_id=int(meta.get("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=tuple(dict.fromkeys(eos)),
         vocab_size=len(pieces),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama")),  # llama.cpp's defaults
+        # llama.cpp's defaults: BOS for SentencePiece and the Llama 3 group
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", model == "llama" or pre in _LLAMA3_STYLE)),
     )
 
 
 def _build_fast(pieces: Sequence[str], merges: Sequence[str], pre: str) -> FastTokenizer:
-    fast = FastTokenizer(_bpe(list(pieces), merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGIT_SPLITTING:
-        fast.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre in _GPT2_STYLE or pre == "None":
-        fast.pre_tokenizer = byte_level
-    else:
-        raise ModelLoadError(f"pre-tokenizer '{pre}' is not supported")
+    fast = FastTokenizer(_bpe(list(pieces), merges, ignore_merges=pre in _LLAMA3_STYLE))
+    fast.pre_tokenizer = _pre_tokenizer(pre)
     fast.decoder = decoders.ByteLevel()
     return fast
 
 
-def _bpe(tokens: list[str], merges: Sequence[str]) -> models.BPE:
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    """The split llama.cpp makes for the file's `tokenizer.ggml.pre`, then GPT-2's bytes-to-characters map."""
+    if pre in _LLAMA3_STYLE or pre in _QWEN2_STYLE:  # as Llama 3's and Qwen2's tokenizer.json write them
+        split = _LLAMA3_SPLIT if pre in _LLAMA3_STYLE else _QWEN2_SPLIT
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGIT_SPLITTING:
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in _GPT2_STYLE or pre == "None":
+        return byte_level
+    raise ModelLoadError(f"pre-tokenizer '{pre}' is not supported")
+
+
+def _bpe(tokens: list[str], merges: Sequence[str], ignore_merges: bool = False) -> models.BPE:
     """Byte-level BPE from the file's merges; its temporaries go with this call."""
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    return models.BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=pairs)  # type: ignore[arg-type]
+    return models.BPE(vocab={tok: i for i, tok in enumerate(tokens)}, merges=pairs,  # type: ignore[arg-type]
+                      ignore_merges=ignore_merges)
 
 
 def _token_bytes(tokens: Sequence[str], types: np.ndarray) -> TokenBytes:
