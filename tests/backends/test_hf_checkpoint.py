@@ -25,6 +25,7 @@ from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
 from service.config import AppConfig, ServiceConfig
 from service.server import build_runtime
+from tests.backends.hf_checkpoints import hf_rows, hf_tensors, write_bfloat16
 from tests.service.live import LiveServer
 from tests.service.test_cli import assert_one_line_error, run
 
@@ -32,30 +33,6 @@ GOLDEN = Path(__file__).parent.parent / "golden" / "smollm2_hf"
 SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "chat_template.jinja")
 EXPECTED = json.loads((GOLDEN / "weights.json").read_text())
-
-
-def hf_rows(gguf_rows: np.ndarray, heads: int) -> np.ndarray:
-    """Hugging Face's Q or K rows from GGUF's: the inverse of llama.cpp's converter's permutation, which puts
-    each head's RoPE pairs (d/2 apart in HF) side by side."""
-    d = gguf_rows.shape[0] // heads
-    return gguf_rows.reshape(heads, d // 2, 2, -1).swapaxes(1, 2).reshape(gguf_rows.shape)
-
-
-def hf_tensors(model: LoadedModel) -> dict[str, np.ndarray]:
-    """The model's float32 weights under transformers' Llama names and row order."""
-    c, w = model.config, model.weights
-    out = {"model.embed_tokens.weight": dense(w.embedding), "model.norm.weight": w.final_norm}
-    for i, layer in enumerate(w.layers):
-        q, k, v = np.split(dense(layer.wqkv), [c.q_size, c.q_size + c.kv_size])
-        gate, up = np.split(dense(layer.w_gate_up), 2)
-        prefix = f"model.layers.{i}."
-        out |= {prefix + "input_layernorm.weight": layer.attn_norm,
-                prefix + "self_attn.q_proj.weight": hf_rows(q, c.num_heads),
-                prefix + "self_attn.k_proj.weight": hf_rows(k, c.num_kv_heads),
-                prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": dense(layer.wo),
-                prefix + "post_attention_layernorm.weight": layer.ffn_norm, prefix + "mlp.gate_proj.weight": gate,
-                prefix + "mlp.up_proj.weight": up, prefix + "mlp.down_proj.weight": dense(layer.w_down)}
-    return {name: np.ascontiguousarray(t, np.float32) for name, t in out.items()}
 
 
 def write_checkpoint(directory: Path, tensors: dict[str, np.ndarray], shards: int = 2) -> Path:
@@ -153,21 +130,6 @@ def test_float16_and_bfloat16_matrices_are_kept_as_stored(tmp_path: Path) -> Non
     assert isinstance(stored, QuantMatrix) and stored.qtype == GGMLQuantizationType.BF16
     top = tensors["model.layers.1.mlp.down_proj.weight"].view(np.uint32) >> 16  # bfloat16: the top half
     assert np.array_equal(dense(stored).view(np.uint32), top << 16)
-
-
-def write_bfloat16(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """The safetensors layout written by hand (NumPy has no bfloat16): matrices cut to their top 16 bits."""
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = (t.view(np.uint32) >> 16).astype(np.uint16).tobytes() if t.ndim == 2 else t.tobytes()
-        header[name] = {"dtype": "BF16" if t.ndim == 2 else "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
-    index = {"weight_map": dict.fromkeys(header, path.name)}
-    (path.parent / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 # --- bad directories -------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ only to their precision, which checks that the 16-bit storage flows through ever
 scenarios do the same on the model quantized like the default one, each backend reading the matrices as the
 file stores them: decode rows through the dequantizing GEMV, prefill chunks through a dense copy and the GEMM.
 The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (the
-head and embedding Q6_K). A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
+head and embedding Q6_K). checkpoint-bfloat16 serves the tiny model from a Hugging Face checkpoint directory of
+bfloat16 matrices. A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from backends.base import StepBatch, StepOutput
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.quant_weights import DeviceQuant, stored_types
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import load_model
+from backends.model.loader import load_model, open_model
+from backends.model.quant import QuantMatrix
 from backends.model.weights import StoredTypes
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
+from tests.backends.hf_checkpoints import write_bfloat16_checkpoint
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
 from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant, write_tiny_llama_k_quant
 
@@ -216,6 +219,22 @@ def k_quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
     print(f"k-quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
 
 
+def checkpoint_scenario(library: Path, model_path: Path) -> None:
+    """The tiny model as a Hugging Face checkpoint of bfloat16 matrices: CupyBackend (bfloat16) holds each as the
+    checkpoint stores it and matches NumpyBackend reading the same bfloat16 matrices as stored."""
+    _, files = open_model(model_path)
+    directory = write_bfloat16_checkpoint(load_model(model_path), files, model_path.with_name("tiny-d64-checkpoint"))
+    pair = make_pair(library, directory, "bfloat16", (stored_types(), NUMPY_STORED_TYPES))
+    host, device = pair.numpy.model.weights.layers[0].wqkv, pair.cupy.weights.layers[0].wqkv
+    assert isinstance(host, QuantMatrix) and host.qtype.name == "BF16"
+    assert np.array_equal(np.asarray(device).view(np.uint16), host.data.view(np.uint16)), "bfloat16 bits changed"
+    rng = np.random.default_rng(6)
+    greedy_steps(pair, fork_with_copy(pair, prefill_and_mixed(pair, rng)), steps=4)
+    missing = expected_kernels("bfloat16") - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"checkpoint bfloat16: {len(pair.launcher.names)} launches")
+
+
 def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     """bench/gpu_check.py's measurement sections, shrunk, on the emulated device: the same code paths as on the
     GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
@@ -258,4 +277,5 @@ def scenarios() -> dict[str, Scenario]:
 
     quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
     k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
-    return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "gpu-check-dry-run": gpu_check_dry_run}
+    return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "checkpoint-bfloat16": checkpoint_scenario,
+            "gpu-check-dry-run": gpu_check_dry_run}
