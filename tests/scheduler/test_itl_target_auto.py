@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from backends.model.loader import ModelFiles, open_model
 from backends.step_shape import CostCoefficients, StepShape
+from bench.closed_loop_sim import Load, simulate
 from kvpool import PagedKVCacheManager
 from scheduler.config import AUTO, SchedulerConfig
 from scheduler.core import EngineCore
@@ -175,3 +177,18 @@ def test_the_engine_reports_the_limit_in_force(configured: float | str) -> None:
 def test_a_decode_shape_is_one_token_and_one_sampled_row_per_sequence() -> None:
     unit = CostCoefficients(token=1.0, sampled=10.0, context=100.0, pair=1000.0)
     assert decode_step_seconds(unit, 3, 7) == unit.seconds(StepShape(3, 3, 21, 21)) == 3 + 30 + 2100 + 21000
+
+
+@pytest.fixture(scope="module")
+def files() -> ModelFiles:
+    return open_model(None)[1]
+
+
+def test_a_gpu_under_auto_serves_as_at_100_ms(files: ModelFiles) -> None:
+    """On the sim H100 (Llama-3-8B, throughput preset, 64 closed-loop clients of 1024-token prompts; virtual clock,
+    so exact) a decode part is a few ms: auto's limit is the floor, and only the first burst's stretch differs."""
+    load, budget = Load(64, 1024, 128, 192), {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    auto, fixed = (simulate(files, "h100", SchedulerConfig(**budget, itl_target_ms=t), load,  # type: ignore[arg-type]
+                            "llama-3-8b") for t in (AUTO, 100.0))
+    assert auto.p("itl", 99) <= FLOOR_MS / 1e3 and fixed.p("itl", 99) <= FLOOR_MS / 1e3
+    assert abs(auto.throughput / fixed.throughput - 1) < 0.02 and auto.p("ttft", 99) < 1.1 * fixed.p("ttft", 99)
