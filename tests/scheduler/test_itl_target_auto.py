@@ -131,19 +131,24 @@ def test_a_burst_of_prompts_gets_longer_steps_than_a_single_newcomer() -> None:
     assert crowded.prefill_tokens > 2 * alone.prefill_tokens and crowded.predicted_s <= burst.itl_limit_s
 
 
+def limit_after_a_step(s: Scheduler) -> float:
+    step(s)
+    return s.itl_limit_s
+
+
 def test_auto_follows_the_refitted_model_and_a_number_stays() -> None:
     auto, fixed = (planner(SchedulerConfig(itl_target_ms=t)) for t in (AUTO, 150.0))  # type: ignore[arg-type]
     for s in (auto, fixed):
         decoding_nine(s)
         s.add(make_seqs(100, 400, max_tokens=4))
-    before = [step(s) and s.itl_limit_s for s in (auto, fixed)]
+    before = [limit_after_a_step(s) for s in (auto, fixed)]
     for s in (auto, fixed):
         assert s.cost is not None
         for rows in range(1, 49):  # the host became twice as slow: measured steps take twice the prediction
             shape = StepShape(rows, rows, rows * 100, rows * 100)
             s.cost.observe(shape, 2 * SLOW.seconds(shape))
         s.cost.refit()
-    after = [step(s) and s.itl_limit_s for s in (auto, fixed)]
+    after = [limit_after_a_step(s) for s in (auto, fixed)]
     assert after[0] > 1.5 * before[0] and after[1] == before[1] == 0.150
 
 
