@@ -137,7 +137,7 @@ def limit_after_a_step(s: Scheduler) -> float:
 
 
 def test_auto_follows_the_refitted_model_and_a_number_stays() -> None:
-    auto, fixed = (planner(SchedulerConfig(itl_target_ms=t)) for t in (AUTO, 150.0))  # type: ignore[arg-type]
+    auto, fixed = (planner(SchedulerConfig(itl_target_ms=t)) for t in (AUTO, 150.0))
     for s in (auto, fixed):
         decoding_nine(s)
         s.add(make_seqs(100, 400, max_tokens=4))
