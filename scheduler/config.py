@@ -26,9 +26,9 @@ class SchedulerConfig:
     max_preemptions: int = 8
     # While sequences decode, prefill is cut so that a step's predicted time (scheduler/step_cost.py) stays
     # within this many ms: the stall every decoding stream sees when a prompt is prefilled beside it. 0: off,
-    # prefill takes whatever max_num_batched_tokens leaves. "auto": twice the step's decode part, at least 100
-    # ms, longer while more prompts wait than sequences decode (scheduler/itl_target.py): a slow host is not
-    # held to a GPU's target, nor a burst of newcomers to the few streams already decoding.
+    # prefill takes whatever max_num_batched_tokens leaves. "auto": twice the step's decode part times (prompts
+    # waiting + sequences decoding) / sequences decoding, at least 100 ms (scheduler/itl_target.py): a slow host
+    # is not held to a GPU's target, nor a burst of newcomers to the few streams already decoding.
     itl_target_ms: float | Literal["auto"] = AUTO
     min_prefill_chunk: int = 32  # tokens a step's first prompt chunk always gets, however tight the target
     # After every step, check that the scheduler's rows index exactly its running sequences, their tokens and

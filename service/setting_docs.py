@@ -133,7 +133,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "kv_cache_exhausted; 0: the first does"),
     "scheduler.itl_target_ms": SettingDoc(
         "ms a step may take while sequences decode: prefill beside them is cut to fit; auto: twice the step's "
-        "decode part, at least 100 ms, stretched while more prompts wait than sequences decode (/metrics' "
+        "decode part times (prompts waiting + sequences decoding) / sequences decoding, at least 100 ms (/metrics' "
         "itl_target_seconds shows the limit in force); 0: off, prefill takes the token budget "
         "(docs/CONFIG.md: The ITL target)",
         values="auto or ms", default="`auto` (at least 100 ms)"),
