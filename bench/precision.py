@@ -1,7 +1,7 @@
 """What the fast CPU precision (or a float16 KV cache) costs in accuracy, against the exact precision over a
-float32 cache, on the default model with its weights as stored:
+float32 cache, on a model (default: the default model) with its weights as stored:
 
-    python -m bench.precision [--prompts 20] [--tokens 128] [--candidate fast | kv16 | fast-kv16]
+    python -m bench.precision [--prompts 20] [--tokens 128] [--candidate fast | kv16 | fast-kv16] [--model GGUF]
 
 - greedy agreement, batched: `--prompts` chat prompts decoded together (one batch, so every step has enough
   rows for the fast precision's tiles) for `--tokens` tokens in each precision; how many tokens agree before
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from backends.manual_batch import SeqState, make_batch
+from backends.model.chat_template import NoChatTemplate
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.matmul import NativeMatmul
@@ -61,9 +62,16 @@ class Agreement:
 
 
 def prompts(model: LoadedModel, count: int) -> list[list[int]]:
-    template, tokenizer = model.files.chat_template, model.files.tokenizer
-    return [tokenizer.encode(template.render([{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]}."}]))
-            for i in range(count)]
+    """Chat prompts through the model's template; a model without one (a base model) gets the plain text."""
+    return [prompt_ids(model, f"Explain {TOPICS[i % len(TOPICS)]}.") for i in range(count)]
+
+
+def prompt_ids(model: LoadedModel, text: str) -> list[int]:
+    tokenizer = model.files.tokenizer
+    try:
+        return tokenizer.encode(model.files.chat_template.render([{"role": "user", "content": text}]))
+    except NoChatTemplate:
+        return tokenizer.encode_prompt(text)
 
 
 def greedy(backend: NumpyBackend, model: LoadedModel, prompt_ids: list[list[int]], tokens: int) -> list[list[int]]:
@@ -109,8 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--candidate", choices=CANDIDATES, default="fast",
                         help="what is compared with the exact precision over a float32 KV cache")
+    parser.add_argument("--model", help="a GGUF file or checkpoint directory (default: the default model)")
     args = parser.parse_args(argv)
-    model = load_model(stored=STORED_TYPES)
+    model = load_model(args.model, stored=STORED_TYPES)
     exact, candidate = NumpyBackend(model, "auto"), NumpyBackend(model, "auto", *CANDIDATES[args.candidate])
     if CANDIDATES[args.candidate][0] == "fast":
         print(f"fast precision: {NativeMatmul(fast=True).fast_paths()}")
