@@ -5,14 +5,16 @@ normalizer, pre-tokenizer and model), the special tokens and template from `toke
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer as FastTokenizer
 
 from backends.model.config import ModelLoadError
 from backends.model.sentencepiece import BYTE, NORMAL, spm_token_bytes
-from backends.model.tokenizer import CONTROL_TOKEN_TYPE, Tokenizer, bytes_to_unicode
+from backends.model.tokenizer import CONTROL_TOKEN_TYPE, Tokenizer, byte_level_token_bytes
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -41,14 +43,16 @@ def tokenizer_from_directory(directory: Path, config: dict[str, Any]) -> Tokeniz
     if not path.is_file():
         raise ModelLoadError(f"{directory}: {TOKENIZER} is missing (only fast tokenizers are read)")
     try:
-        fast = FastTokenizer.from_file(str(path))
+        text = path.read_text(encoding="utf-8")
+        fast = FastTokenizer.from_str(text)
+        decoder = json.loads(text).get("decoder") or {}
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot read
         raise ModelLoadError(f"{path}: {exc}") from None
     settings = read_json(directory / TOKENIZER_CONFIG, required=False)
     tokens = _tokens(fast, int(config.get("vocab_size", 0)))
     special = frozenset(i for i, t in fast.get_added_tokens_decoder().items() if t.special)
     bos = _token_id(fast, settings.get("bos_token"), config.get("bos_token_id"))
-    return Tokenizer(fast=fast, token_bytes=_bytes_of(path, tokens, special), special_ids=special,
+    return Tokenizer(fast=fast, token_bytes=_bytes_of(path, decoder, tokens, special), special_ids=special,
                      bos_token_id=-1 if bos is None else bos, eos_token_ids=_eos_ids(directory, fast, settings, config),
                      vocab_size=len(tokens), add_bos=_adds_bos(fast, settings, bos))
 
@@ -62,25 +66,17 @@ def _tokens(fast: FastTokenizer, vocab_size: int) -> list[str]:
     return tokens
 
 
-def _bytes_of(path: Path, tokens: list[str], special: frozenset[int]) -> tuple[bytes, ...]:
+def _bytes_of(path: Path, decoder: dict[str, Any], tokens: list[str], special: frozenset[int]) -> Sequence[bytes]:
     """Byte-level vocabularies (GPT-2's alphabet: Llama 3, Qwen, SmolLM2) or SentencePiece ones ("▁" for spaces,
-    "<0xAB>" byte pieces: Llama 2, Mistral), told apart by the decoder tokenizer.json names."""
-    decoder = json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}
+    "<0xAB>" byte pieces: Llama 2, Mistral), told apart by the decoder tokenizer.json names; spelled as the GGUF
+    path spells them, from the same token types."""
+    types = np.array([CONTROL_TOKEN_TYPE if i in special else BYTE if _is_byte_piece(t) else NORMAL
+                      for i, t in enumerate(tokens)])
     if _names(decoder, "ByteLevel"):
-        return _byte_level(tokens, special)
+        return byte_level_token_bytes(tokens, types)
     if _names(decoder, "ByteFallback") or _names(decoder, "Metaspace") or _names(decoder, "Replace"):
-        types = [CONTROL_TOKEN_TYPE if i in special else BYTE if _is_byte_piece(t) else NORMAL
-                 for i, t in enumerate(tokens)]
-        return tuple(spm_token_bytes(tokens, types))
+        return spm_token_bytes(tokens, types)
     raise ModelLoadError(f"{path}: decoder {decoder.get('type')!r} is not supported (ByteLevel or SentencePiece)")
-
-
-def _byte_level(tokens: list[str], special: frozenset[int]) -> tuple[bytes, ...]:
-    """Each piece's bytes, spelled in GPT-2's printable alphabet; special tokens (and a piece outside the alphabet)
-    are their own text."""
-    to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
-    return tuple(t.encode("utf-8") if i in special or not all(ch in to_byte for ch in t)
-                 else bytes(to_byte[ch] for ch in t) for i, t in enumerate(tokens))
 
 
 def _names(decoder: dict[str, Any], kind: str) -> bool:

@@ -94,6 +94,16 @@ def _open_checkpoint(directory: Path) -> tuple[Checkpoint, Tokenizer, str | None
         raise ModelLoadError(f"{directory}: config.json lacks {exc}") from None
 
 
+
+def _checkpoint_tensors(directory: Path) -> Checkpoint:
+    """The checkpoint's tensors alone, for weights of a model whose config and tokenizer are already read: its
+    tokenizer is not built a second time (the metadata's token ids serve only the config)."""
+    try:
+        return read_checkpoint(directory, read_config(directory), {})
+    except KeyError as exc:
+        raise ModelLoadError(f"{directory}: config.json lacks {exc}") from None
+
+
 TURN_PROBE = "turn-end probe"
 
 
@@ -145,7 +155,7 @@ def load_model(path: str | Path | None = None, stored: StoredTypes = (), files: 
     if files is None:
         gguf, files = open_model(path)
     else:
-        gguf = _open_checkpoint(files.path)[0] if files.path.is_dir() else _read(files.path)
+        gguf = _checkpoint_tensors(files.path) if files.path.is_dir() else _read(files.path)
     weights = load_weights(gguf, files.config, stored)
     del gguf  # the file's map: nothing loaded is a view of it, so its pages leave the process
     _return_freed_memory()

@@ -149,7 +149,7 @@ def tokenizer_from_metadata(meta: dict[str, Any], source: str) -> Tokenizer:
     types = np.asarray(meta.get("tokenizer.ggml.token_type", np.ones(len(pieces))), np.int64)
     pre = str(meta.get("tokenizer.ggml.pre"))
     if model == "gpt2":
-        token_bytes = _token_bytes(pieces, types)
+        token_bytes = byte_level_token_bytes(pieces, types)
         fast = _build_fast(pieces, meta.get("tokenizer.ggml.merges", []), pre)
     else:
         token_bytes = spm_token_bytes(pieces, types)
@@ -204,7 +204,7 @@ def _bpe(tokens: list[str], merges: Sequence[str], ignore_merges: bool = False) 
                       ignore_merges=ignore_merges)
 
 
-def _token_bytes(tokens: Sequence[str], types: np.ndarray) -> TokenBytes:
+def byte_level_token_bytes(tokens: Sequence[str], types: np.ndarray) -> TokenBytes:
     to_byte = {ch: b for b, ch in bytes_to_unicode().items()}
 
     def spelled(control: bool, tok: str) -> bytes:
