@@ -74,3 +74,45 @@ def resolve_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
 
 def _ours(name: str, known: set[str]) -> bool:
     return name.split(".")[0] in known  # each of our packages has an __init__, so its top level is known
+
+
+def module_cycles(imports: list[Import]) -> list[list[str]]:
+    """Each group of modules that import each other, directly or through others (a strongly connected
+    component of more than one module), its modules sorted; the groups sorted by their first module."""
+    targets: dict[str, set[str]] = {}
+    for imp in imports:
+        targets.setdefault(imp.importer, set()).add(imp.target)
+    return sorted(sorted(group) for group in _components(targets) if len(group) > 1)
+
+
+def _components(targets: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components, iterative (an import chain may be deeper than the stack)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+    for root in sorted(targets):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(targets.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c not in index or c in stack), None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    group = set()
+                    while (member := stack.pop()) != node:
+                        group.add(member)
+                    found.append(group | {node})
+            elif child in index:
+                low[node] = min(low[node], index[child])
+            else:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                work.append((child, iter(sorted(targets.get(child, ())))))
+    return found

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.import_graph import graph
+from tests.import_graph import graph, module_cycles
 
 FILES = {
     "app/__init__.py": "from . import core\n",
@@ -59,3 +59,10 @@ def test_a_relative_import_past_the_top_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "app" / "__init__.py").write_text("from ... import x\n")
     with pytest.raises(ValueError, match="beyond the top-level package"):
         graph(tmp_path, ("app",))
+
+
+def test_modules_that_import_each_other_through_others_are_one_cycle(tmp_path: Path) -> None:
+    write_tree(tmp_path)  # app -> app.core -> lib.types -> app; app.sub and lib.io are in none
+    assert module_cycles(graph(tmp_path, ("app", "lib"))) == [["app", "app.core", "lib.types"]]
+    (tmp_path / "lib" / "types.py").write_text("")
+    assert module_cycles(graph(tmp_path, ("app", "lib"))) == []
