@@ -12,13 +12,12 @@ filling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:  # step_shape builds on StepBatch, defined here
-    from backends.step_shape import CostCoefficients
+from backends.step_shape import CostCoefficients, StepShape
 
 IntArray = npt.NDArray[np.int32]
 LongArray = npt.NDArray[np.int64]
@@ -101,6 +100,14 @@ class StepBatch:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_ids)
+
+    def shape(self) -> StepShape:
+        """What the step does, for the step-cost model."""
+        q = np.diff(self.query_start).astype(np.int64)
+        ctx = self.context_lens.astype(np.int64)
+        # a chunk's j-th query (0-based from its end) sees ctx - j tokens: sum = q*ctx - q(q-1)/2
+        pairs = int((q * ctx - q * (q - 1) // 2).sum())
+        return StepShape(self.num_tokens, int(self.sample_rows.shape[0]), int(ctx.sum()), pairs)
 
 
 @dataclass(frozen=True)

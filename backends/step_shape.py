@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.base import StepBatch
 from backends.model.config import ModelConfig
 
 FEATURES = ("step", "token", "sampled", "context", "pair", "large")  # CostCoefficients.values(), in order
@@ -51,20 +50,13 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class StepShape:
-    """A step's composition: the features of its cost."""
+    """A step's composition: the features of its cost (a StepBatch's is `batch.shape()`: the contract in
+    backends/base.py builds on this module, never the other way)."""
 
     num_tokens: int
     num_sampled: int
     context_tokens: int  # sum of context_lens: KV tokens read
     attention_pairs: int  # sum over query tokens of the context each attends to
-
-    @classmethod
-    def of(cls, batch: StepBatch) -> StepShape:
-        q = np.diff(batch.query_start).astype(np.int64)
-        ctx = batch.context_lens.astype(np.int64)
-        # a chunk's j-th query (0-based from its end) sees ctx - j tokens: sum = q*ctx - q(q-1)/2
-        pairs = int((q * ctx - q * (q - 1) // 2).sum())
-        return cls(batch.num_tokens, int(batch.sample_rows.shape[0]), int(ctx.sum()), pairs)
 
     def features(self, large_above: int = 0) -> tuple[float, ...]:
         """The model's inputs, in FEATURES order (the constant first; `large` is 1 for a step of more than

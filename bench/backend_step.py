@@ -143,8 +143,8 @@ def decode_step(backend: NumpyBackend, batch: int, timer: AttentionTimer) -> Ste
     step = _timed(lambda: backend.execute(step_batch))
     if fused is not None and fused.last_seconds.any():
         parts = dict(zip(STAGES, (float(v) for v in fused.last_seconds), strict=True))
-        return StepTiming(step, parts, StepShape.of(step_batch))
-    return StepTiming(step, {"attention": timer.seconds}, StepShape.of(step_batch))
+        return StepTiming(step, parts, step_batch.shape())
+    return StepTiming(step, {"attention": timer.seconds}, step_batch.shape())
 
 
 def blas_description() -> str:

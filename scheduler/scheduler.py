@@ -222,7 +222,7 @@ class Scheduler:
         batch, sampled, forks, prefill = build_batch(self._step_id, chosen.seqs, chosen.seq_ids, rows, starts,
                                                      counts, self.rows, self.kv.block_size, copies)
         prefill_tokens = int(counts[prefill].sum())
-        shape = None if self.cost is None else StepShape.of(batch)
+        shape = None if self.cost is None else batch.shape()
         return SchedulerPlan(self._step_id, batch, chosen.seqs, rows, starts, counts, sampled, forks, preempted,
                              failed, chosen.admitted, tuple(prefill.tolist()), prefill_tokens,
                              batch.num_tokens - prefill_tokens, shape,

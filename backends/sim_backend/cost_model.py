@@ -53,7 +53,7 @@ class CostModel:
                                          p.effective_bandwidth, p.effective_flops, p.overhead_s)
 
     def step_cost(self, batch: StepBatch) -> StepCost:
-        return self.cost(StepShape.of(batch))
+        return self.cost(batch.shape())
 
     def cost(self, work: StepShape) -> StepCost:
         if work.num_tokens == 0 or self.profile.is_free:

@@ -5,7 +5,6 @@ import pytest
 
 from backends.base import StepBatch
 from backends.sim_backend import PROFILES, CostModel, ModelShape, get_profile
-from backends.step_shape import StepShape
 from tests.sim_backend.helpers import SMOLLM2, decode_batch
 
 
@@ -43,8 +42,8 @@ def test_h100_decode_step_matches_the_hand_computed_cost() -> None:
 
 
 def test_attention_pairs_of_a_chunk_after_a_cached_prefix() -> None:
-    assert StepShape.of(prefill_batch(4, cached=10)).attention_pairs == 11 + 12 + 13 + 14
-    assert StepShape.of(prefill_batch(2048)).attention_pairs == 2048 * 2049 // 2
+    assert prefill_batch(4, cached=10).shape().attention_pairs == 11 + 12 + 13 + 14
+    assert prefill_batch(2048).shape().attention_pairs == 2048 * 2049 // 2
 
 
 @pytest.mark.parametrize("name", ["cpu", "a100", "h100", "h200"])
