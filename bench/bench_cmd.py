@@ -1,6 +1,7 @@
 """`pagedserve bench`: the load generator (bench/loadgen, a pure HTTP client with its own flags), with this
 project's tokenizer for the servers that send no usage: the one of `--model`, else the installed model's.
-service/cli.py names this module and imports it only to run it: the server's packages do not import the bench."""
+service/cli/commands.py names this module and imports it only to run it: the server's packages do not import the
+bench."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 libgomp keeps a team of OpenMP workers for each thread that runs a parallel region, while that thread lives.
 With more of them than cores it throttles the spinning at every barrier to a few rounds (GOMP_SPINCOUNT or
 not), so the step's threads sleep and wake at each of its ~300 barriers. The server once calibrated its
-step-cost model on a pool thread that lived on (service/own_thread.py now runs it on a thread that ends).
+step-cost model on a pool thread that lived on (service/app/own_thread.py now runs it on a thread that ends).
 
     python -m bench.openmp_teams [--steps 60]
 

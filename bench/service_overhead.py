@@ -101,7 +101,7 @@ def _wait_for_file(path: Path, timeout: float = 30.0) -> None:
 
 def profiled_server(out: Path, argv: list[str]) -> int:
     """`pagedserve` with cProfile switched on by SIGUSR1 and off (saving to `out`) by SIGUSR2."""
-    from service.cli import main as pagedserve  # noqa: PLC0415
+    from service.cli.commands import main as pagedserve  # noqa: PLC0415
 
     profiler = cProfile.Profile(time.thread_time)  # CPU time of the loop thread, not wall time
     signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
@@ -160,8 +160,8 @@ async def run_load(url: str, endpoint: str, streams: int, duration: float, max_t
 def engine_only(streams: int, max_tokens: int, rounds: int) -> tuple[float, float]:
     """(tokens per wall second, tokens per CPU second) of the offline API on the same workload."""
     from scheduler.params import SamplingParams  # noqa: PLC0415
-    from service.assemble import build_llm, build_parts  # noqa: PLC0415
-    from service.config import load_config  # noqa: PLC0415
+    from service.app.assemble import build_llm, build_parts  # noqa: PLC0415
+    from service.config.settings import load_config  # noqa: PLC0415
 
     config = load_config(None, {}, {"backend": "sim", "num_blocks": "8192", "max_num_seqs": "256"})
     parts = build_parts(config)

@@ -14,7 +14,7 @@ prompt's first token weighs as much as a decoding stream's next one, so in a bur
 loop starting together) the few streams already decoding do not hold the many back, while one newcomer among
 15 streams lengthens their step by a fifteenth.
 
-The scheduler asks limit_seconds() at each step that prefills beside decodes; service/assemble.py logs the rule
+The scheduler asks limit_seconds() at each step that prefills beside decodes; service/app/assemble.py logs the rule
 and /metrics shows the limit of the latest such step (`pagedserve:itl_target_seconds`).
 """
 

@@ -1,7 +1,7 @@
-"""`python -m service ...` is the `pagedserve` command, with the same process defaults (service.launch)."""
+"""`python -m service ...` is the `pagedserve` command, with the same process defaults (service.cli.launch)."""
 
 import sys
 
-from service.launch import main
+from service.cli.launch import main
 
 sys.exit(main())

@@ -215,7 +215,7 @@ COUNTERS = {
     "telemetry_spans_dropped": "Trace spans dropped (export failed, export queue full, or shut down first)",
     "telemetry_token_events_skipped": "Per-token span events skipped while telemetry fell behind the engine",
 }
-# Requests running and waiting and KV cache usage are the service's (service/metrics.py): read from the engine
+# Requests running and waiting and KV cache usage are the service's (service/app/metrics.py): read from the engine
 # at scrape time, they are current even between steps.
 GAUGES = {
     "itl_target_seconds": "The inter-token-latency target the scheduler holds steps to while sequences decode "

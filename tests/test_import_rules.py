@@ -14,7 +14,11 @@ from tests.import_graph import Import, find_modules, graph, module_cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("service", "scheduler", "kvpool", "backends", "telemetry", "bench")
-PARTS = ("bench.loadgen", "service", "scheduler", "kvpool", "backends", "telemetry", "bench")  # most specific first
+SERVICE_PARTS = ("service.cli", "service.app", "service.routes", "service.generation", "service.http", "service.openai",
+                 "service.config")
+PARTS = ("bench.loadgen", *SERVICE_PARTS, "service", "scheduler", "kvpool", "backends", "telemetry",
+         "bench")  # most specific first
+BELOW_SERVICE = ("scheduler", "backends", "kvpool", "telemetry")
 
 # what each part may import besides itself: these modules and the modules under them
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
@@ -23,7 +27,17 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "backends": ("kvpool",),
     # the backend contract (steps, outputs, step cost), never a backend; telemetry only through its interface
     "scheduler": ("kvpool", "backends.base", "backends.step_shape", "telemetry.interface"),
-    "service": ("scheduler", "backends", "kvpool", "telemetry"),
+    # service/ imports downwards: cli -> app -> routes -> (generation, http) -> openai -> config
+    "service": ("service.cli",),  # `python -m service`
+    "service.cli": ("service.app", "service.config", *BELOW_SERVICE),
+    "service.app": ("service.routes", "service.generation", "service.http", "service.openai", "service.config",
+                    *BELOW_SERVICE),
+    "service.routes": ("service.generation", "service.http", "service.openai", "service.config", *BELOW_SERVICE),
+    "service.generation": ("service.openai", "service.config", *BELOW_SERVICE),  # no plumbing, no routes
+    # the plumbing knows OpenAI's API only by the error shape every answer uses, and the API imports no plumbing
+    "service.http": ("service.openai.errors", "service.config", *BELOW_SERVICE),
+    "service.openai": BELOW_SERVICE,
+    "service.config": BELOW_SERVICE,  # imports nothing else of service/: everything else reads it
     "bench.loadgen": (),  # a pure HTTP client: it measures any OpenAI-compatible server
     # benchmarks and experiments drive every layer, the service's own parts too; nothing imports them
     "bench": ("service", "scheduler", "backends", "kvpool", "telemetry", "bench.loadgen"),

@@ -29,7 +29,7 @@ from bench.loadgen.metrics import Summary
 from bench.loadgen.plot import plot_frontier
 from bench.loadgen.spec import Bounds, LoadShape
 from bench.loadgen.workloads import Lengths, RandomWorkload
-from service.config import PRESETS
+from service.config.settings import PRESETS
 
 KEY = "frontier"
 COMMAND = "python -m bench.experiments.frontier"
@@ -167,7 +167,7 @@ Sweeps: `max_num_seqs` in {", ".join(map(str, SEQS))} at a {BASE_BUDGET}-token b
 Best by the rules above in this run: lowest chat p99 TTFT **{latency.name}**; highest batch throughput
 **{throughput.name}**.
 
-**Presets** (`service/config.py`), fixed from this experiment's runs (the table above is one of them; on this
+**Presets** (`service/config/settings.py`), fixed from this experiment's runs (the table above is one of them; on this
 shared machine neighbouring configurations swap places from run to run, so a preset is a round choice from the
 good region, not a single run's winner):
 

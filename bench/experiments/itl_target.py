@@ -49,7 +49,7 @@ from bench.loadgen.promtext import gauge_values
 from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
 from scheduler.config import AUTO, SchedulerConfig
-from service.config import PRESETS
+from service.config.settings import PRESETS
 
 KEY = "itl-target"
 STEP_HISTOGRAM = "pagedserve:engine_step_duration_seconds"

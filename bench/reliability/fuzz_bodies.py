@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from bench.reliability.schema_gen import Schema, SchemaGen
-from service.schemas.requests import ChatRequest, CompletionRequest
+from service.openai.schemas.requests import ChatRequest, CompletionRequest
 
 SERVABLE = "Servable"  # prefix of the narrowed definitions' names
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from bench.loadgen.sse import DONE, EventSplitter
-from service.schemas.responses import (
+from service.openai.schemas.responses import (
     ChatChunk,
     ChatCompletion,
     Completion,

@@ -10,14 +10,22 @@ from aiohttp import web
 
 from scheduler.errors import echoed
 from scheduler.params import SamplingParams
-from service.errors import JSON_CONTENT, RETRY_AFTER_S, APIError, bad_request, engine_failed, shutting_down, unavailable
-from service.formats import Identity
-from service.jobs import Job
-from service.prompts import TokenIds
-from service.request_id import engine_id, request_id_of
-from service.schemas.requests import CommonRequest
-from service.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
-from service.traceresponse import remember
+from service.generation.jobs import Job
+from service.generation.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
+from service.http.request_id import engine_id, request_id_of
+from service.http.traceresponse import remember
+from service.openai.errors import (
+    JSON_CONTENT,
+    RETRY_AFTER_S,
+    APIError,
+    bad_request,
+    engine_failed,
+    shutting_down,
+    unavailable,
+)
+from service.openai.formats import Identity
+from service.openai.prompts import TokenIds
+from service.openai.schemas.requests import CommonRequest
 from telemetry import RequestContext, extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request

@@ -5,15 +5,17 @@ from __future__ import annotations
 from aiohttp import web
 
 from scheduler.guided import GuideFactory, GuideSpec
-from service.body import read_json
-from service.chat_limits import Context, read_chat_body
-from service.errors import bad_request
-from service.formats import ChatFormatter, CompletionFormatter, Formatter
-from service.guided import guide_of, has_constraint
-from service.jobs import Job, run_job
-from service.params import chat_params, completion_params
-from service.prompt_bound import check_length
-from service.prompts import (
+from service.generation.jobs import Job, run_job
+from service.generation.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
+from service.generation.tokenize import prompt_chars
+from service.generation.transcript import with_transcript
+from service.http.body import read_json
+from service.openai.errors import bad_request
+from service.openai.formats import ChatFormatter, CompletionFormatter, Formatter
+from service.openai.guided import guide_of, has_constraint
+from service.openai.params import chat_params, completion_params
+from service.openai.prompt_bound import check_length
+from service.openai.prompts import (
     chat_prompt,
     check_context,
     completion_prompts,
@@ -22,12 +24,10 @@ from service.prompts import (
     truncated,
     truncation,
 )
+from service.openai.schemas.requests import ChatRequest, CompletionRequest
+from service.openai.tools import NO_TOOLS, ToolUse, tool_use
+from service.routes.chat_limits import Context, read_chat_body
 from service.routes.common import check_choices, make_job, runtime_of, served_model
-from service.schemas.requests import ChatRequest, CompletionRequest
-from service.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
-from service.tokenize import prompt_chars
-from service.tools import NO_TOOLS, ToolUse, tool_use
-from service.transcript import with_transcript
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -50,7 +50,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """Everything whose cost grows with the request (decoding a big body, tools, rendering, tokenizing) runs on
-    the tokenizer threads, after the cheap checks of service/chat_limits.py have bounded it."""
+    the tokenizer threads, after the cheap checks of service/routes/chat_limits.py have bounded it."""
     runtime, encoder = runtime_of(request), request.app[ENCODER_KEY]
     max_len = runtime.engine.max_model_len
     req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest,

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.config import AppConfig
-from service.errors import JSON_CONTENT, RETRY_AFTER_S
-from service.openapi import openapi_document
+from service.generation.state import REGISTRY_KEY, STATE_KEY, Phase
+from service.openai.errors import JSON_CONTENT, RETRY_AFTER_S
+from service.openai.schemas.responses import Health, ModelCard, ModelList
 from service.routes.common import json_response, served_model
-from service.schemas.responses import Health, ModelCard, ModelList
-from service.state import REGISTRY_KEY, STATE_KEY, Phase
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -60,9 +60,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def openapi(config: AppConfig) -> Handler:
-    """The handler of GET /openapi.json. The document depends on the config alone: built and encoded once."""
-    body = msgspec.json.encode(openapi_document(config))
+def openapi(spec: dict[str, Any]) -> Handler:
+    """The handler of GET /openapi.json: the document (service/app/openapi.py, from the config alone), encoded
+    once."""
+    body = msgspec.json.encode(spec)
 
     async def document(request: web.Request) -> web.Response:
         return web.Response(body=body, content_type=JSON_CONTENT)

@@ -10,14 +10,14 @@ from typing import Any
 from aiohttp import web
 
 from backends.model.chat_template import ChatTemplate, ChatTemplateError
-from service.body import read_json
-from service.chat_limits import read_chat_body
-from service.errors import bad_request
-from service.prompts import TokenIds, chat_prompt
+from service.generation.state import CONFIG_KEY, ENCODER_KEY, Runtime
+from service.http.body import read_json
+from service.openai.errors import bad_request
+from service.openai.prompts import TokenIds, chat_prompt
+from service.openai.schemas.requests import DetokenizeRequest, TokenizeRequest
+from service.openai.schemas.responses import DetokenizeResponse, TokenizeResponse
+from service.routes.chat_limits import read_chat_body
 from service.routes.common import json_response, runtime_of, served_model
-from service.schemas.requests import DetokenizeRequest, TokenizeRequest
-from service.schemas.responses import DetokenizeResponse, TokenizeResponse
-from service.state import CONFIG_KEY, ENCODER_KEY, Runtime
 
 # No context-length check: a client asks /tokenize precisely to learn whether a text fits (vLLM does not refuse
 # either); the body size limit bounds the work.

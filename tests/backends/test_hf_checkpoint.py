@@ -23,8 +23,8 @@ from backends.model.quant import QuantMatrix, dense
 from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
-from service.server import build_runtime
+from service.app.server import build_runtime
+from service.config.settings import AppConfig, ServiceConfig
 from tests.backends.hf_checkpoints import hf_rows, hf_tensors, write_bfloat16
 from tests.service.live import LiveServer
 from tests.service.test_cli import assert_one_line_error, run

@@ -206,13 +206,13 @@ def test_the_setting_doubles_the_blocks_a_memory_budget_holds(caplog: pytest.Log
     """PAGEDSERVE_KV_CACHE_DTYPE through the server's own assembly: the same kv_cache_memory gives twice the
     blocks, the start-up log says so, and the backend's cache is float16. A value outside the choices is refused
     naming the setting."""
-    from service.assemble import build_parts  # noqa: PLC0415 - the service assembles the backend and the pool
-    from service.config import ConfigError, load_config  # noqa: PLC0415
+    from service.app.assemble import build_parts  # noqa: PLC0415 - the service assembles the backend and the pool
+    from service.config.settings import ConfigError, load_config  # noqa: PLC0415
 
     env = {"PAGEDSERVE_KV_CACHE_MEMORY": "48MiB"}
     wide = build_parts(load_config(env=env))
     config = load_config(env={**env, "PAGEDSERVE_KV_CACHE_DTYPE": "float16"})
-    with caplog.at_level(logging.INFO, logger="service.assemble"):
+    with caplog.at_level(logging.INFO, logger="service.app.assemble"):
         narrow = build_parts(config)
     assert narrow.kv.num_blocks == 2 * wide.kv.num_blocks > 0
     blocks, size, geo = narrow.kv.num_blocks, config.kv.block_size, narrow.backend.kv_geometry

@@ -56,7 +56,7 @@ def test_tiny_model_loads_any_llama_gguf(tmp_path: Path) -> None:
 
 
 def _cli_error(args: list[str]) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from service.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from service.cli.commands import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
 
 

@@ -10,9 +10,10 @@ import sys
 from backends.numpy_backend.process_env import DEFAULTS
 
 # the launcher, with a CLI that reports what it finds in place of the real one
-LAUNCH = ("import os, sys, types; cli = types.ModuleType('service.cli'); sys.modules['service.cli'] = cli; "
+LAUNCH = ("import os, sys, types; cli = types.ModuleType('service.cli.commands'); "
+          "sys.modules['service.cli.commands'] = cli; "
           "cli.main = lambda: print('numpy' in sys.modules, os.environ.get('OPENBLAS_THREAD_TIMEOUT')) or 0; "
-          "from service.launch import main; sys.exit(main())")
+          "from service.cli.launch import main; sys.exit(main())")
 APPLY = ("import os, sys; from backends.process import apply_process_defaults as apply; "
          "print('numpy' in sys.modules, apply({name}), os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
 

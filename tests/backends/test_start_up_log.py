@@ -17,7 +17,7 @@ from backends.model.loader import load_model
 from backends.numpy_backend.native.build import build_library
 from backends.numpy_backend.native.cpu_tiers import host_tier
 from backends.numpy_backend.native.weights import STORED_TYPES
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.backends.tiny_gguf import write_tiny_llama
 
 

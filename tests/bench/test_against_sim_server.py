@@ -15,7 +15,7 @@ from backends.step_shape import StepShape
 from bench.loadgen.measure import Measurement, Options, measure
 from bench.loadgen.spec import Bounds, LoadShape, RequestSpec, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload, SharedPrefixWorkload
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 
 

@@ -17,8 +17,8 @@ from bench.loadgen.args import shapes_of, workload_of
 from bench.loadgen.cli import build_parser
 from bench.loadgen.sweep import parse_sweep
 from bench.loadgen.workloads import ChatWorkload, FileWorkload, SharedPrefixWorkload
-from service.cli import main
-from service.config import ServiceConfig
+from service.cli.commands import main
+from service.config.settings import ServiceConfig
 from tests.required import unavailable
 from tests.service.live import LiveServer, cached_builder, sim_config
 

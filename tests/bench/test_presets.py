@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import PRESETS, ConfigError, ServiceConfig, load_config
+from service.config.settings import PRESETS, ConfigError, ServiceConfig, load_config
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from service.metrics import create_registry
-from service.protocol import SHUTDOWN_GRACE_S
-from service.state import ServerState
+from service.app.metrics import create_registry
+from service.generation.state import ServerState
+from service.http.protocol import SHUTDOWN_GRACE_S
 from tests.deploy.envoy import SHIPPED
 from tests.required import unavailable
 

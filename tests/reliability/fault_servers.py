@@ -10,7 +10,7 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
+from service.config.settings import AppConfig, ServiceConfig
 from tests.service.live import LiveServer, cached_builder
 from tests.service.rawhttp import Reply, post, request
 from tests.waiting import wait_until

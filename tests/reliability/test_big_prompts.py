@@ -12,7 +12,7 @@ import pytest
 
 from backends.model.loader import ModelFiles
 from backends.model.tokenizer import Tokenizer
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from service.server import EXIT_ENGINE_FAILED
+from service.app.server import EXIT_ENGINE_FAILED
 from tests.service.process import ServerProcess, serve_process
 from tests.service.rawhttp import sse_events
 from tests.waiting import until

@@ -16,7 +16,7 @@ from bench.reliability.fuzz_cases import WEIGHTS
 from bench.reliability.fuzz_report import render
 from bench.reliability.fuzz_wire import exchange, problems
 from bench.reliability.protocol_cases import ProtocolCase, protocol_cases
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 
 KEY = "fuzz-test-key"

@@ -10,7 +10,7 @@ from bench.reliability.fuzz_checks import error_problems, stream_problems
 from bench.reliability.fuzz_state import logged_exceptions
 from bench.reliability.fuzz_wire import ANSWERED, CLOSED, NO_ANSWER, Exchange, RawResponse, problems
 from bench.reliability.protocol_cases import ProtocolCase
-from service.schemas.responses import CompletionChunk
+from service.openai.schemas.responses import CompletionChunk
 
 JSON = "application/json"
 ERROR = b'{"error": {"message": "no", "type": "invalid_request_error", "param": null, "code": null}}'

@@ -17,14 +17,14 @@ import pytest
 
 from backends.model.chat_template import ChatTemplate
 from backends.model.loader import ModelFiles
-from service import chat_limits
-from service.chat_limits import Context, check_shape
-from service.config import ChatLimits, ServiceConfig
-from service.errors import APIError
-from service.prompt_bound import PromptBound, check_length, measure
-from service.prompts import chat_prompt
-from service.schemas.requests import ChatMessage
-from service.tokenize import PromptEncoder
+from service.config.settings import ChatLimits, ServiceConfig
+from service.generation.tokenize import PromptEncoder
+from service.openai.errors import APIError
+from service.openai.prompt_bound import PromptBound, check_length, measure
+from service.openai.prompts import chat_prompt
+from service.openai.schemas.requests import ChatMessage
+from service.routes import chat_limits
+from service.routes.chat_limits import Context, check_shape
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, sse_events
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.generation.modes import GenerationMode
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
-from service.openapi import openapi_document
+from service.app.openapi import openapi_document
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import request
 

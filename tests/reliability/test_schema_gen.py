@@ -28,8 +28,8 @@ from bench.reliability.fuzz_bytes import BYTE_MUTATIONS
 from bench.reliability.fuzz_cases import CaseMaker
 from bench.reliability.fuzz_mutations import MUTATIONS
 from bench.reliability.schema_gen import BadToken, SchemaGen, encode
-from service.params import chat_params, completion_params
-from service.schemas.requests import ChatRequest, CompletionRequest
+from service.openai.params import chat_params, completion_params
+from service.openai.schemas.requests import ChatRequest, CompletionRequest
 
 MODEL = "the-model"
 STRUCTS: dict[Endpoint, type[Any]] = {COMPLETIONS: CompletionRequest, CHAT: ChatRequest}

@@ -16,7 +16,7 @@ from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
 from scheduler.guide_errors import described
 from scheduler.guided import GuideFactory
-from service.config import AppConfig, ServiceConfig
+from service.config.settings import AppConfig, ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import Reply, post, request, sse_events
 

@@ -14,7 +14,7 @@ from bench.reliability.common import EngineState, Tally, metric_values, settle
 from bench.reliability.soak import SoakPlan, clients
 from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
+from service.config.settings import AppConfig, ServiceConfig
 from tests.service.live import LiveServer, cached_builder
 
 PREEMPTIONS = "pagedserve:num_preemptions_total"

@@ -70,8 +70,8 @@ def test_a_failed_calibration_gives_every_block_back(files: ModelFiles) -> None:
 
 def test_a_server_whose_calibration_fails_serves_on_the_guess(files: ModelFiles,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    from service.assemble import ModelParts, calibrated_cost  # noqa: PLC0415
-    from service.config import AppConfig  # noqa: PLC0415
+    from service.app.assemble import ModelParts, calibrated_cost  # noqa: PLC0415
+    from service.config.settings import AppConfig  # noqa: PLC0415
 
     backend, kv = sim(files, 256, faults="step_error@6")
     config = AppConfig(scheduler=SchedulerConfig(itl_target_ms=100))
@@ -83,8 +83,8 @@ def test_a_server_whose_calibration_fails_serves_on_the_guess(files: ModelFiles,
 
 
 def test_no_calibration_without_a_target(files: ModelFiles) -> None:
-    from service.assemble import ModelParts, calibrated_cost  # noqa: PLC0415
-    from service.config import AppConfig  # noqa: PLC0415
+    from service.app.assemble import ModelParts, calibrated_cost  # noqa: PLC0415
+    from service.config.settings import AppConfig  # noqa: PLC0415
 
     backend, kv = sim(files, 256)
     cost = calibrated_cost(AppConfig(scheduler=SchedulerConfig(itl_target_ms=0)), ModelParts(files, backend, kv, 2048))

@@ -21,7 +21,7 @@ from scheduler.params import SamplingParams
 from scheduler.persistent_batch import RowMismatchError
 from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler
-from service.config import all_settings, load_config
+from service.config.settings import all_settings, load_config
 from tests.scheduler.engine_helpers import prompt, run
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_LEN = 16, 256, 2048

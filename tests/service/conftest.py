@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from backends.model.loader import ModelFiles, open_model
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 
 

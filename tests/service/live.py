@@ -17,9 +17,9 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles
 from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
-from service.config import AppConfig, ServiceConfig
-from service.server import build_runtime, create_app, start_site
-from service.state import STATE_KEY, EngineLike, Phase, RuntimeBuilder, ServerState
+from service.app.server import build_runtime, create_app, start_site
+from service.config.settings import AppConfig, ServiceConfig
+from service.generation.state import STATE_KEY, EngineLike, Phase, RuntimeBuilder, ServerState
 
 T = TypeVar("T")
 

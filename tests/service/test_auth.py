@@ -10,8 +10,8 @@ import pytest
 from openai import AuthenticationError, OpenAI
 
 from backends.model.loader import ModelFiles
-from service.auth import authorized, load_keys
-from service.config import ConfigError, ServiceConfig
+from service.config.settings import ConfigError, ServiceConfig
+from service.http.auth import authorized, load_keys
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import exchange, parse_reply, post, request
 

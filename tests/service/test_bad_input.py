@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.body import MAX_JSON_DEPTH
+from service.http.body import MAX_JSON_DEPTH
 from tests.service.live import LiveServer
 from tests.service.rawhttp import exchange, parse_reply, post, request
 

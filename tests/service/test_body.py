@@ -1,4 +1,4 @@
-"""service.body's checks on requests built in memory: what the loopback tests cannot easily provoke."""
+"""service.http.body's checks on requests built in memory: what the loopback tests cannot easily provoke."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from aiohttp.streams import StreamReader
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from service.body import read_body
-from service.errors import APIError, printable
+from service.http.body import read_body
+from service.openai.errors import APIError, printable
 
 JSON = {"Content-Type": "application/json"}
 

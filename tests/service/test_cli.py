@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from backends.numpy_backend.native.cpu_tiers import ARM, CpuInfo
-from service.cli import commands, main
-from service.config import all_settings
-from service.setting_docs import doc_of
-from service.settings_table import default_text
+from service.cli.commands import commands, main
+from service.config.setting_docs import doc_of
+from service.config.settings import all_settings
+from service.config.settings_table import default_text
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

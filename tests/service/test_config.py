@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from service.config import AppConfig, ConfigError, all_settings, load_config
-from service.config_cmd import add_config_flags, flags_of
-from service.setting_docs import DOCS, doc_of
-from service.settings_table import settings_table
+from service.config.command import add_config_flags, flags_of
+from service.config.setting_docs import DOCS, doc_of
+from service.config.settings import AppConfig, ConfigError, all_settings, load_config
+from service.config.settings_table import settings_table
 
 
 def parse_flags(*argv: str) -> dict[str, object]:
@@ -154,4 +154,4 @@ def test_every_choice_is_a_valid_value() -> None:
 
 def test_config_doc_table_is_the_settings_table() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
-    assert settings_table() in doc, "docs/CONFIG.md's table is stale: python -m service.settings_table prints it"
+    assert settings_table() in doc, "docs/CONFIG.md's table is stale: python -m service.config.settings_table prints it"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from backends.model.loader import ModelFiles
-from service.config import ConfigError, ServiceConfig, load_config
+from service.config.settings import ConfigError, ServiceConfig, load_config
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import Reply, post, request
 

@@ -14,9 +14,9 @@ import pytest
 
 from backends.base import StepBatch, StepOutput
 from backends.model.loader import ModelFiles
-from service.assemble import build_engine, build_parts
-from service.config import AppConfig, ServiceConfig
-from service.state import Runtime
+from service.app.assemble import build_engine, build_parts
+from service.config.settings import AppConfig, ServiceConfig
+from service.generation.state import Runtime
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, sse_events
 from tests.waiting import wait_until

@@ -13,8 +13,8 @@ import pytest
 from backends.model.loader import ModelFiles
 from scheduler.config import AUTO
 from scheduler.itl_target import DECODE_MULTIPLE, FLOOR_MS
-from service.config import ConfigError, ServiceConfig, load_config
-from service.config_cmd import ConfigCommand, add_config_flags, config_from, flags_of
+from service.config.command import ConfigCommand, add_config_flags, config_from, flags_of
+from service.config.settings import ConfigError, ServiceConfig, load_config
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, request
 
@@ -103,7 +103,7 @@ def test_metrics_show_the_target_in_force(model_files: ModelFiles, caplog: pytes
                                           configured: float | str, profile: str) -> None:
     # 256 rows: on the sim's CPU profile a full decode step is then far over the floor's worth
     config = sim_config(ServiceConfig(port=0), profile=profile, itl_target_ms=configured, max_num_seqs=256)
-    with caplog.at_level(logging.INFO, logger="service.assemble"):
+    with caplog.at_level(logging.INFO, logger="service.app.assemble"):
         server = LiveServer.start(config, cached_builder(model_files))
     try:
         at_start = server.call(lambda: server.engine.core.scheduler.itl_target)  # type: ignore[attr-defined]

@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from service.body import decode
-from service.errors import APIError
-from service.json_depth import exceeds_depth, nesting_depth
-from service.schemas.requests import ChatRequest
+from service.http.body import decode, exceeds_depth, nesting_depth
+from service.openai.errors import APIError
+from service.openai.schemas.requests import ChatRequest
 
 
 @pytest.mark.parametrize(("value", "depth"), [

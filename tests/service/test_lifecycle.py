@@ -9,9 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.model.loader import ModelFiles
-from service.config import AppConfig
-from service.server import build_runtime, create_app
-from service.state import Phase, Runtime
+from service.app.server import build_runtime, create_app
+from service.config.settings import AppConfig
+from service.generation.state import Phase, Runtime
 from tests.service.live import LiveServer, sim_config
 from tests.service.rawhttp import post, request
 

@@ -10,8 +10,8 @@ import pytest
 from openai import NotFoundError, OpenAI
 
 from backends.model.loader import ModelFiles
-from service.config import ConfigError, ServiceConfig, load_config
-from service.config_cmd import add_config_flags, flags_of
+from service.config.command import add_config_flags, flags_of
+from service.config.settings import ConfigError, ServiceConfig, load_config
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, request
 

@@ -22,10 +22,10 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from backends.model.loader import ModelFiles
-from service.config import AppConfig, ServiceConfig
-from service.openapi import OPERATIONS, Operation, openapi_document
-from service.server import create_app
-from service.state import Runtime
+from service.app.openapi import OPERATIONS, Operation, openapi_document
+from service.app.server import create_app
+from service.config.settings import AppConfig, ServiceConfig
+from service.generation.state import Runtime
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import request
 

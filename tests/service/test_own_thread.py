@@ -1,4 +1,4 @@
-"""Start-up work that runs backend steps goes on a thread that ends with it (service/own_thread.py): a live
+"""Start-up work that runs backend steps goes on a thread that ends with it (service/app/own_thread.py): a live
 pool thread would keep OpenMP workers beside the step thread's and slow every later step."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import service.server
+import service.app.server
 from backends.model.loader import ModelFiles
-from service.own_thread import run_in_own_thread
-from service.server import build_runtime
+from service.app.own_thread import run_in_own_thread
+from service.app.server import build_runtime
 from tests.service.live import sim_config
 
 
@@ -65,13 +65,13 @@ def test_a_cancelled_wait_leaves_the_work_to_finish_quietly() -> None:
 def test_the_server_calibrates_on_a_thread_that_ends(model_files: ModelFiles,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[threading.Thread] = []
-    real = service.server.calibrated_cost
+    real = service.app.server.calibrated_cost
 
     def recording(*args: Any) -> Any:
         seen.append(threading.current_thread())
         return real(*args)
 
-    monkeypatch.setattr(service.server, "calibrated_cost", recording)
+    monkeypatch.setattr(service.app.server, "calibrated_cost", recording)
     runtime = asyncio.run(build_runtime(sim_config(), model_files))
     runtime.telemetry.shutdown()
     seen[0].join(timeout=5)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
-from service.pacing import ActiveStreams, Pacer
+from service.config.settings import ServiceConfig
+from service.generation.pacing import ActiveStreams, Pacer
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, sse_events
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import Reply, exchange, open_raw, parse_reply, post, sse_events
 

@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig, TelemetrySettings
+from service.config.settings import ServiceConfig, TelemetrySettings
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import Reply, post, request, sse_events
 from tests.telemetry.receiver import OtlpReceiver, attrs

@@ -20,7 +20,7 @@ from openai import OpenAI
 from backends.model.loader import ModelFiles, open_model
 from backends.sampling import allowed_matrix
 from scheduler.guided import GuideFactory
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.gemma3 import gemma3_path
 from tests.golden.test_gemma3 import GEMMA_TEMPLATE
 from tests.service.live import LiveServer, cached_builder, numpy_client, sim_config

@@ -9,7 +9,7 @@ from dataclasses import replace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig, TelemetrySettings
+from service.config.settings import ServiceConfig, TelemetrySettings
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, request
 from tests.telemetry.receiver import OtlpReceiver, attrs

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer as FastTokenizer
 from tokenizers import processors
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, request
 

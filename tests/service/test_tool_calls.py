@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from backends.model.chat_template import CHATML_TEMPLATE, ChatTemplate
 from scheduler.outputs import ChoiceDelta
-from service.formats import ChatFormatter, Identity
-from service.prompts import chat_prompt
-from service.schemas.requests import ChatMessage, Tool
-from service.tool_calls import ToolCallParser, parse_tool_calls
-from service.tools import call_grammar
+from service.openai.formats import ChatFormatter, Identity
+from service.openai.prompts import chat_prompt
+from service.openai.schemas.requests import ChatMessage, Tool
+from service.openai.tool_calls import ToolCallParser, parse_tool_calls
+from service.openai.tools import call_grammar
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "nested": {"a": [1, "}"]}}}\n</tool_call>'
 TWO = CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n'

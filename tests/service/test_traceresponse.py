@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig, TelemetrySettings
+from service.config.settings import ServiceConfig, TelemetrySettings
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post
 from tests.telemetry.receiver import OtlpReceiver

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig
+from service.config.settings import ServiceConfig
 from telemetry import TelemetryConfig
 from tests.required import unavailable
 from tests.service.live import LiveServer, cached_builder, sim_config

@@ -1,0 +1,116 @@
+"""Build the model stack from an AppConfig: model files, backend, KV cache manager, the calibrated step-cost
+model, then the engine (`pagedserve serve`, service/app/server.py) or the offline LLM (`pagedserve generate`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import cast
+
+from backends.base import Backend
+from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
+from backends.registry import create_backend
+from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config
+from scheduler.calibration import calibrate
+from scheduler.engine import Engine
+from scheduler.guided import GuideFactory
+from scheduler.llm import LLM
+from scheduler.output_processor import TokenizerLike
+from scheduler.step_cost import StepCostModel
+from service.config.settings import AppConfig
+from telemetry.interface import EngineObserver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    files: ModelFiles
+    backend: Backend
+    kv: KVCacheManager
+    max_model_len: int
+
+
+def model_name(config: AppConfig) -> str:
+    """What /v1/models lists and responses report: the first configured name, else the model's."""
+    return model_names(config)[0]
+
+
+def model_names(config: AppConfig) -> tuple[str, ...]:
+    """Every name a request may give in "model": the configured ones (the first reported), else the model's."""
+    if config.service.served_model_name:
+        return config.service.served_model_name
+    if config.backend.model is None:
+        return (DEFAULT_MODEL_NAME,)
+    path = Path(config.backend.model)
+    return (path.name if path.is_dir() else path.stem,)  # a checkpoint directory's name ("Qwen2.5-0.5B") whole
+
+
+def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelParts:
+    """Blocking (the weights load here): the server runs it in a worker thread. `files` skips re-reading
+    the model's header and tokenizer when the caller already has them."""
+    if files is None:
+        _, files = open_model(config.backend.model, config.backend.chat_template)
+    backend = create_backend(config.backend, files)
+    max_len = config.scheduler.max_model_len or files.config.context_length
+    geo = backend.kv_geometry
+    spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size)
+    kv = kv_cache_manager_from_config(config.kv, spec, max_len)
+    backend.init_cache(kv.num_blocks, config.kv.block_size)
+    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB at %d bytes a value, %s layout)",
+             kv.num_blocks, config.kv.block_size, kv.num_blocks * config.kv.block_size,
+             kv.num_blocks * spec.bytes_per_block / 2**20, geo.dtype_bytes, config.kv.kv_layout)
+    return ModelParts(files, backend, kv, max_len)
+
+
+def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None,
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> Engine:
+    """The engine; the log says the ITL target its scheduler holds steps to (and where an "auto" one came
+    from: it is resolved from `cost` as calibrated, so this is the first moment it is known)."""
+    engine = Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
+                    max_model_len=parts.max_model_len, observer=observer,
+                    step_timeout_s=config.service.step_timeout_s, cost=cost, guides=guides,
+                    health=config.service.health)
+    log.info("ITL target: %s", engine.core.scheduler.itl_target.describe())
+    return engine
+
+
+def calibrated_cost(config: AppConfig, parts: ModelParts) -> StepCostModel:
+    """The step-cost model, fitted on a second of warm-up steps when an ITL target will use it (blocking).
+    A calibration that fails leaves the backend's guess, which serving then corrects: it is worth a warning,
+    not a server that will not start."""
+    cost = StepCostModel(parts.backend.cost_prior())
+    # The simulator's guess is its own cost model already, and warm-up steps would use up its injected faults.
+    if not config.scheduler.targets_itl or config.backend.name == "sim":
+        return cost
+    try:
+        done = calibrate(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), parts.max_model_len, cost)
+    except Exception as exc:  # noqa: BLE001 - any failure: serve on the guess
+        log.warning("step-cost calibration failed (%s: %s); the ITL target starts from the backend's guess",
+                    type(exc).__name__, exc)
+    else:
+        fitted = ", ".join(f"{name} {value * 1e3:.4g} ms" for name, value in cost.named_coefficients)
+        log.info("step-cost model calibrated on %d steps in %.1f s: per %s", done.steps, done.seconds, fitted)
+    return cost
+
+
+def backend_info(config: AppConfig, parts: ModelParts) -> Mapping[str, str]:
+    """What runs the model, as /metrics' backend_info labels: the backend, and the CPU tier its C kernels were
+    built for ("none" where none run: the NumPy kernels, or a backend of another kind)."""
+    tier = getattr(parts.backend, "cpu_tier", None)  # the numpy backend's; the others build no CPU kernels
+    return MappingProxyType({"backend": parts.backend.name, "cpu_isa": tier.name if tier is not None else "none",
+                             "cpu_precision": config.backend.cpu_precision, "weights": config.backend.weights,
+                             "kv_cache_dtype": config.backend.kv_cache_dtype})
+
+
+def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
+    return LLM(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), max_model_len=parts.max_model_len)
+
+
+def _tokenizer(parts: ModelParts) -> TokenizerLike:
+    # TokenizerLike is a Protocol that the model's Tokenizer satisfies structurally; the cast only states it.
+    return cast(TokenizerLike, parts.files.tokenizer)
+

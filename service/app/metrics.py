@@ -1,0 +1,60 @@
+"""The app's one Prometheus registry: the server's phase and the engine's gauges, read at scrape time, and HTTP
+request counts. Once the runtime is built, the app registers telemetry's metrics into it too (service/app/server.py):
+/metrics renders this registry alone, every name under telemetry's `pagedserve:` prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from scheduler.core import EngineStats
+from service.generation.state import Phase, ServerState
+from telemetry.metrics import PREFIX
+
+
+class EngineCollector(Collector):
+    """Live values at each scrape (telemetry's records arrive a step late, and not at all with it disabled)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # keeps registration from calling collect() before the engine exists
+
+    def collect(self) -> Iterator[Metric]:
+        phase = GaugeMetricFamily(PREFIX + "server_phase", "1 for the server's current phase", labels=["phase"])
+        for p in Phase:
+            phase.add_metric([p.value], float(p is self._state.phase))
+        yield phase
+        runtime = self._state.runtime
+        yield from _engine_gauges(runtime.engine.stats() if runtime is not None else None)
+        if runtime is not None and runtime.backend_info:
+            yield InfoMetricFamily(PREFIX + "backend", "What runs the model: the backend, the CPU tier its C "
+                                   "kernels were built for, their precision, the weights' and KV cache's types",
+                                   value=dict(runtime.backend_info))
+
+
+def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:
+    """Zero until the engine exists: the series are there from the first scrape."""
+    kv = stats.kv if stats is not None else None
+    yield GaugeMetricFamily(PREFIX + "num_requests_running", "Requests in the running batch",
+                            value=stats.num_running if stats is not None else 0)
+    yield GaugeMetricFamily(PREFIX + "num_requests_waiting", "Requests waiting to be scheduled",
+                            value=stats.num_waiting if stats is not None else 0)
+    yield GaugeMetricFamily(PREFIX + "kv_cache_usage_ratio", "Share of KV cache blocks in use (0..1)",
+                            value=kv.usage if kv is not None else 0.0)
+    blocks = GaugeMetricFamily(PREFIX + "kv_cache_blocks", "KV cache blocks by state", labels=["state"])
+    blocks.add_metric(["used"], kv.used_blocks if kv is not None else 0)
+    blocks.add_metric(["free"], kv.free_blocks if kv is not None else 0)
+    yield blocks
+
+
+def create_registry(state: ServerState) -> tuple[CollectorRegistry, Counter]:
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(state))
+    requests = Counter(PREFIX + "http_requests", "HTTP requests answered", ["method", "route", "status"],
+                       registry=registry)
+    return registry, requests
