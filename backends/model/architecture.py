@@ -1,9 +1,10 @@
 """What differs between the decoder-only families pagedserve serves, as data.
 
 One `Architecture` per family, named as GGUF's `general.architecture` names it. The config reads the family's
-metadata through it, the weight loader the tensors it lists, and every forward pass computes what it says:
-no forward pass branches on a family's name. Adding a family is adding an entry to ARCHITECTURES (and its
-tests); a backend that cannot compute one of its features refuses the model at start-up (`unsupported_by`).
+metadata through it, both formats' loaders the tensors it lists (`layer_tensors`), and every forward pass
+computes what it says: no forward pass branches on a family's name. Adding a family is adding an entry to
+ARCHITECTURES (and its tests: docs/DESIGN.md, "Adding an architecture"); a backend that cannot compute one of
+its features refuses the model at start-up (`unsupported_by`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Literal
 
 RopePairs = Literal["interleaved", "halves"]
 Activation = Literal["silu", "gelu_tanh"]
+# A Llama layer's tensors, by GGUF's names after `blk.N.`; an Architecture's features add to them (layer_tensors)
+LLAMA_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,15 @@ class Architecture:
                  "scaled embeddings": self.scale_embeddings, "QK norm": self.qk_norm, "QKV biases": self.qkv_bias,
                  "norms after attention and MLP": self.sandwich_norms, "sliding-window layers": self.swa_period > 0}
         return tuple(name for name, present in named.items() if present)
+
+    @property
+    def layer_tensors(self) -> tuple[str, ...]:
+        """The tensors a layer of this family has, as `blk.N.<name>` in a GGUF file: its weights, then its
+        biases. The weight loader loads these, and a checkpoint is checked against them."""
+        weights = (*LLAMA_LAYER, *(("attn_q_norm", "attn_k_norm") if self.qk_norm else ()),
+                   *(("post_attention_norm", "post_ffw_norm") if self.sandwich_norms else ()))
+        biases = ("attn_q", "attn_k", "attn_v") if self.qkv_bias else ()
+        return (*(f"{w}.weight" for w in weights), *(f"{b}.bias" for b in biases))
 
 
 # Llama 3's RoPE scaling, Qwen3's head_dim apart from hidden / heads and untied output heads are the model's, not

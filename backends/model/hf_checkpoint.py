@@ -220,15 +220,15 @@ def _expected_shapes(c: ModelConfig, untied: bool) -> dict[str, tuple[int, ...]]
 
 
 def _layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor the architecture's layer has (Architecture.layer_tensors)."""
     h, f = c.hidden_size, c.intermediate_size
-    layer = {"attn_norm": (h,), "attn_q": (c.q_size, h), "attn_k": (c.kv_size, h), "attn_v": (c.kv_size, h),
-             "attn_output": (h, c.q_size), "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h), "ffn_down": (h, f)}
-    if c.arch.qk_norm:
-        layer |= {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,)}
-    shapes = {f"{part}.weight": shape for part, shape in layer.items()}
-    if c.arch.qkv_bias:
-        shapes |= {"attn_q.bias": (c.q_size,), "attn_k.bias": (c.kv_size,), "attn_v.bias": (c.kv_size,)}
-    return shapes
+    weights = {"attn_norm": (h,), "attn_q": (c.q_size, h), "attn_k": (c.kv_size, h), "attn_v": (c.kv_size, h),
+               "attn_output": (h, c.q_size), "ffn_norm": (h,), "ffn_gate": (f, h), "ffn_up": (f, h),
+               "ffn_down": (h, f), "attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,),
+               "post_attention_norm": (h,), "post_ffw_norm": (h,)}
+    biases = {"attn_q": (c.q_size,), "attn_k": (c.kv_size,), "attn_v": (c.kv_size,)}
+    shapes = {f"{part}.weight": shape for part, shape in weights.items()} | {f"{p}.bias": s for p, s in biases.items()}
+    return {tensor: shapes[tensor] for tensor in c.arch.layer_tensors}
 
 
 def hf_name(gguf: str) -> str:

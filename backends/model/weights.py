@@ -131,25 +131,17 @@ class _Loader:
         return np.concatenate([dense(p) for p in parts])
 
 
-_LLAMA_LAYER = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 _QKV = ("attn_q", "attn_k", "attn_v")
-_QK_NORMS = ("attn_q_norm", "attn_k_norm")
-_SANDWICH_NORMS = ("post_attention_norm", "post_ffw_norm")
-
-
-def _layer_tensors(config: ModelConfig) -> tuple[str, ...]:
-    arch = config.arch
-    return _LLAMA_LAYER + (_QK_NORMS if arch.qk_norm else ()) + (_SANDWICH_NORMS if arch.sandwich_norms else ())
 
 
 def _tensor_names(gguf: TensorSource, config: ModelConfig) -> list[str]:
+    """What the architecture's layers hold (Architecture.layer_tensors), every layer's weights before any bias."""
     names = ["token_embd.weight", "output_norm.weight"]
     if "output.weight" in gguf.tensors:  # absent when the head is tied to the embedding
         names.append("output.weight")
-    names += [f"blk.{i}.{p}.weight" for i in range(config.num_layers) for p in _layer_tensors(config)]
-    if config.arch.qkv_bias:
-        names += [f"blk.{i}.{p}.bias" for i in range(config.num_layers) for p in _QKV]
-    return names
+    layer = config.arch.layer_tensors
+    return names + [f"blk.{i}.{part}" for kind in (".weight", ".bias") for i in range(config.num_layers)
+                    for part in layer if part.endswith(kind)]
 
 
 def rope_freqs(gguf: TensorSource) -> tuple[float, ...]:
