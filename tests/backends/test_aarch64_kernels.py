@@ -30,11 +30,22 @@ from backends.numpy_backend.native.weights import EIGHT_LANES_ONLY
 from tests.backends import test_native_fast as fast_cases
 from tests.backends import test_native_quant as quant_cases
 from tests.backends.aarch64 import cross
-from tests.backends.aarch64.cross import ARM_TIERS, Batch, Build, Call, Kernels, build_all, require_tools
+from tests.backends.aarch64.cross import (
+    ARM_TIERS,
+    Batch,
+    Build,
+    Call,
+    Kernels,
+    Tools,
+    build_all,
+    find_tools,
+    require_tools,
+)
 from tests.backends.bounds import assert_within, attention_bound, dot_bound
 from tests.backends.test_kv_float16 import awkward_floats, half_cache
 from tests.backends.test_native_attention import paged_problem
 from tests.backends.test_native_matmul import problem
+from tests.background import background_of
 
 TIERS = tuple(ARM_TIERS)  # generic, neon
 Key = tuple[object, ...]
@@ -48,25 +59,40 @@ def rows_for(inner: int, outputs: int, rows: Iterable[int]) -> list[int]:
     return [r for r in rows if r <= 5 or (inner, outputs) not in LARGE]
 
 
-@pytest.fixture(scope="module")
-def kernels() -> Kernels:
-    return build_all(require_tools())
+RUNS = "aarch64-kernel-runs"
+Make = Callable[[Kernels, Batch], Iterable[tuple[Key, Call]]]
 
 
-def run_batch(kernels: Kernels, directory: Path, make: Callable[[Batch], Iterable[tuple[Key, Call]]]) -> Calls:
+def run_batch(kernels: Kernels, directory: Path, make: Make) -> Calls:
     """The calls `make` queues, by key, after one run of the emulator for all of them."""
+    directory.mkdir()
     batch = kernels.batch(directory)
-    calls = dict(make(batch))
+    calls = dict(make(kernels, batch))
     batch.run()
     return calls
 
 
-@pytest.fixture(scope="module")
-def batches(kernels: Kernels, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Calls]:
-    def runner(make: Callable[[Batch], Iterable[tuple[Key, Call]]]) -> Calls:
-        return run_batch(kernels, tmp_path_factory.mktemp("calls"), make)
+def run_every_batch(tools: Tools, root: Path) -> dict[str, Calls]:
+    """Every family of cases (BATCHES), each in one run of the emulator, after the builds."""
+    kernels = build_all(tools)
+    return {name: run_batch(kernels, root / name, make) for name, make in BATCHES.items()}
 
-    return runner
+
+def start_in_background(session: pytest.Session) -> None:
+    """Called when collection ends with tests of this module selected (tests/background.py): the emulator's runs
+    overlap the rest of the suite, and these tests, which read them, run last."""
+    tools = find_tools()
+    if tools is not None:
+        background = background_of(session)
+        background.start(RUNS, run_every_batch, tools, background.directory(RUNS))
+
+
+@pytest.fixture(scope="module")
+def aarch64_runs(request: pytest.FixtureRequest) -> dict[str, Calls]:
+    tools = require_tools()  # CI: a failure; elsewhere: a skip with the reason
+    background = background_of(request.session)
+    runs: dict[str, Calls] = background.take(RUNS, run_every_batch, tools, background.directory(RUNS))
+    return runs
 
 
 # --- the tools ---------------------------------------------------------------------------------------------------
@@ -93,9 +119,13 @@ def test_a_missing_cross_compiler_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -
 # --- what each build runs -----------------------------------------------------------------------------------------
 
 
+def probe_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    return (((tier,), batch.probe(kernels.builds[tier])) for tier in TIERS)
+
+
 @pytest.fixture(scope="module")
-def probes(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    return batches(lambda batch: (((tier,), batch.probe(kernels.builds[tier])) for tier in TIERS))
+def probes(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["probes"]
 
 
 @pytest.mark.parametrize(("tier", "small_steps"), [("generic", 0), ("neon", 1)])
@@ -112,18 +142,19 @@ FLOAT32_CASES = [(rows, inner, outputs) for inner, outputs in [(8, 8), (64, 13),
 INDEPENDENT_SHAPES = [(64, 40), (16, 13), (576, 577), (8, 3)]
 
 
-@pytest.fixture(scope="module")
-def float32_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier, (rows, inner, outputs) in product(TIERS, FLOAT32_CASES):
-            yield (tier, rows, inner, outputs), batch.matmul(kernels.builds[tier], *float32_case(rows, inner, outputs))
-        for tier, (inner, outputs) in product(TIERS, INDEPENDENT_SHAPES):
-            x, w = problem(11, inner, outputs)
-            for rows in range(1, 12):
-                yield (tier, "batch", rows, inner, outputs), batch.matmul(kernels.builds[tier], x[:rows], w)
-                yield (tier, "alone", rows, inner, outputs), batch.matmul(kernels.builds[tier], x[rows - 1 : rows], w)
+def float32_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier, (rows, inner, outputs) in product(TIERS, FLOAT32_CASES):
+        yield (tier, rows, inner, outputs), batch.matmul(kernels.builds[tier], *float32_case(rows, inner, outputs))
+    for tier, (inner, outputs) in product(TIERS, INDEPENDENT_SHAPES):
+        x, w = problem(11, inner, outputs)
+        for rows in range(1, 12):
+            yield (tier, "batch", rows, inner, outputs), batch.matmul(kernels.builds[tier], x[:rows], w)
+            yield (tier, "alone", rows, inner, outputs), batch.matmul(kernels.builds[tier], x[rows - 1 : rows], w)
 
-    return batches(make)
+
+@pytest.fixture(scope="module")
+def float32_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["float32"]
 
 
 @cache
@@ -193,31 +224,32 @@ def every_16_bit_value(qtype: Q) -> QuantMatrix:
     return QuantMatrix(qtype, (len(data), 64), np.ascontiguousarray(data))
 
 
-@pytest.fixture(scope="module")
-def stored_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier in TIERS:
-            build = kernels.builds[tier]
-            for case in STORED_CASES:
-                x, w, dense = stored_case(*case)
-                yield (tier, "stored", *case), batch.matmul(build, x, w)
-                yield (tier, "copy", *case), batch.matmul(build, x, dense)
-            for qtype, inner, rows in PAST_BLOCKS:
-                (w, dense), x = stored_weights(qtype, 19, inner, inner), quant_cases.activations(rows, inner)
-                yield (tier, "stored", qtype, inner, rows), batch.matmul(build, x, w)
-                yield (tier, "copy", qtype, inner, rows), batch.matmul(build, x, dense)
-            for qtype in ALL_TYPES:
-                yield (tier, "dequantize", qtype), batch.dequantize(build, stored_weights(qtype, 77, wide(qtype), 0)[0])
-                w, x = stored_weights(qtype, 577, narrow(qtype), 0)[0], quant_cases.activations(11, narrow(qtype))
-                for rows in range(1, 12):
-                    yield (tier, "batch", qtype, rows), batch.matmul(build, x[:rows], w)
-                    yield (tier, "alone", qtype, rows), batch.matmul(build, x[rows - 1 : rows], w)
-            for qtype in quant_cases.FLOATS:
-                yield (tier, "every value", qtype), batch.dequantize(build, every_16_bit_value(qtype))
-            for qtype in quant_cases.QUANTIZED:
-                yield (tier, "every scale", qtype), batch.dequantize(build, every_half_scale(qtype))
+def stored_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier in TIERS:
+        build = kernels.builds[tier]
+        for case in STORED_CASES:
+            x, w, dense = stored_case(*case)
+            yield (tier, "stored", *case), batch.matmul(build, x, w)
+            yield (tier, "copy", *case), batch.matmul(build, x, dense)
+        for qtype, inner, rows in PAST_BLOCKS:
+            (w, dense), x = stored_weights(qtype, 19, inner, inner), quant_cases.activations(rows, inner)
+            yield (tier, "stored", qtype, inner, rows), batch.matmul(build, x, w)
+            yield (tier, "copy", qtype, inner, rows), batch.matmul(build, x, dense)
+        for qtype in ALL_TYPES:
+            yield (tier, "dequantize", qtype), batch.dequantize(build, stored_weights(qtype, 77, wide(qtype), 0)[0])
+            w, x = stored_weights(qtype, 577, narrow(qtype), 0)[0], quant_cases.activations(11, narrow(qtype))
+            for rows in range(1, 12):
+                yield (tier, "batch", qtype, rows), batch.matmul(build, x[:rows], w)
+                yield (tier, "alone", qtype, rows), batch.matmul(build, x[rows - 1 : rows], w)
+        for qtype in quant_cases.FLOATS:
+            yield (tier, "every value", qtype), batch.dequantize(build, every_16_bit_value(qtype))
+        for qtype in quant_cases.QUANTIZED:
+            yield (tier, "every scale", qtype), batch.dequantize(build, every_half_scale(qtype))
 
-    return batches(make)
+
+@pytest.fixture(scope="module")
+def stored_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["stored"]
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -300,26 +332,27 @@ def exact_in_fast_case(qtype: Q, rows: int) -> tuple[QuantMatrix, np.ndarray]:
     return w, fast_cases.activations(rows, inner)
 
 
-@pytest.fixture(scope="module")
-def fast_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier in TIERS:
-            build = kernels.builds[tier]
-            for case in SMALL_CASES:
-                for fast in (True, False):
-                    yield (tier, fast, *case), batch.matmul(build, *small_step_case(*case), fast=fast)
-            w, x = fast_cases.stored(Q.Q4_1, 96, 576), fast_cases.activations(1, 576)
+def fast_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier in TIERS:
+        build = kernels.builds[tier]
+        for case in SMALL_CASES:
             for fast in (True, False):
-                yield (tier, "rounding", fast), batch.matmul(build, x, w, fast=fast)
-            w, x = fast_cases.stored(Q.Q4_0, 45, 576), fast_cases.activations(3, 576)
-            yield (tier, "together"), batch.matmul(build, x, w, fast=True)
-            for i in range(3):
-                yield (tier, "alone", i), batch.matmul(build, x[i : i + 1], w, fast=True)
-            for (qtype, rows), fast in product(EXACT_IN_FAST, (True, False)):
-                w, x = exact_in_fast_case(qtype, rows)
-                yield (tier, "other", qtype, rows, fast), batch.matmul(build, x, w, fast=fast)
+                yield (tier, fast, *case), batch.matmul(build, *small_step_case(*case), fast=fast)
+        w, x = fast_cases.stored(Q.Q4_1, 96, 576), fast_cases.activations(1, 576)
+        for fast in (True, False):
+            yield (tier, "rounding", fast), batch.matmul(build, x, w, fast=fast)
+        w, x = fast_cases.stored(Q.Q4_0, 45, 576), fast_cases.activations(3, 576)
+        yield (tier, "together"), batch.matmul(build, x, w, fast=True)
+        for i in range(3):
+            yield (tier, "alone", i), batch.matmul(build, x[i : i + 1], w, fast=True)
+        for (qtype, rows), fast in product(EXACT_IN_FAST, (True, False)):
+            w, x = exact_in_fast_case(qtype, rows)
+            yield (tier, "other", qtype, rows, fast), batch.matmul(build, x, w, fast=fast)
 
-    return batches(make)
+
+@pytest.fixture(scope="module")
+def fast_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["fast"]
 
 
 @pytest.mark.parametrize(("qtype", "inner", "outputs", "rows"), SMALL_CASES)
@@ -382,15 +415,16 @@ def fast_cross_case(qtype: Q, rows: int) -> tuple[np.ndarray, Matrix]:
     return fast_cases.activations(rows, inner, seed=rows), fast_cases.stored(qtype, 37, inner, seed=int(qtype))
 
 
-@pytest.fixture(scope="module")
-def cross_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier, qtype, rows in product(TIERS, CROSS_TYPES, (1, 2, 5)):
-            yield (tier, qtype, rows), batch.matmul(kernels.builds[tier], *cross_case(qtype, rows))
-        for qtype, rows in product(fast_cases.SMALL_TYPES, SMALL_STEP_ROWS):
-            yield ("fast", qtype, rows), batch.matmul(kernels.builds["neon"], *fast_cross_case(qtype, rows), fast=True)
+def cross_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier, qtype, rows in product(TIERS, CROSS_TYPES, (1, 2, 5)):
+        yield (tier, qtype, rows), batch.matmul(kernels.builds[tier], *cross_case(qtype, rows))
+    for qtype, rows in product(fast_cases.SMALL_TYPES, SMALL_STEP_ROWS):
+        yield ("fast", qtype, rows), batch.matmul(kernels.builds["neon"], *fast_cross_case(qtype, rows), fast=True)
 
-    return batches(make)
+
+@pytest.fixture(scope="module")
+def cross_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["cross"]
 
 
 @pytest.fixture
@@ -503,26 +537,27 @@ def queue_chunk(batch: Batch, build: Build, case: Chunk) -> Call:
     return batch.chunk(build, case.q, case.k, case.v, case.table, case.context, 0)  # 0: shared among threads
 
 
-@pytest.fixture(scope="module")
-def attention_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier in TIERS:
-            build = kernels.builds[tier]
-            for heads, kv_heads, dim, block_size, parallel in DECODE_CASES:
-                case = decode_case(heads, kv_heads, dim, block_size)
-                yield (tier, "decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
-                    batch, build, case, parallel)
-            for chunk in CHUNK_CASES:
-                yield (tier, "chunk", *chunk), queue_chunk(batch, build, chunk_case(*chunk))
-            for heads, kv_heads, dim, block_size, parallel in HALF_DECODE_CASES:
-                case = half_decode_case(heads, kv_heads, dim, block_size)
-                yield (tier, "half decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
-                    batch, build, case, parallel)
-            for half_chunk in HALF_CHUNK_CASES:
-                yield (tier, "half chunk", *half_chunk), queue_chunk(batch, build, half_chunk_case(*half_chunk))
-            yield (tier, "large scores"), queue_decode(batch, build, large_scores_case(), 2048)
+def attention_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier in TIERS:
+        build = kernels.builds[tier]
+        for heads, kv_heads, dim, block_size, parallel in DECODE_CASES:
+            case = decode_case(heads, kv_heads, dim, block_size)
+            yield (tier, "decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
+                batch, build, case, parallel)
+        for chunk in CHUNK_CASES:
+            yield (tier, "chunk", *chunk), queue_chunk(batch, build, chunk_case(*chunk))
+        for heads, kv_heads, dim, block_size, parallel in HALF_DECODE_CASES:
+            case = half_decode_case(heads, kv_heads, dim, block_size)
+            yield (tier, "half decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
+                batch, build, case, parallel)
+        for half_chunk in HALF_CHUNK_CASES:
+            yield (tier, "half chunk", *half_chunk), queue_chunk(batch, build, half_chunk_case(*half_chunk))
+        yield (tier, "large scores"), queue_decode(batch, build, large_scores_case(), 2048)
 
-    return batches(make)
+
+@pytest.fixture(scope="module")
+def attention_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["attention"]
 
 
 @cache
@@ -590,18 +625,18 @@ def test_a_chunk_over_a_float16_cache(attention_runs: Calls, tier: str, heads: i
 # --- half.h's conversions (test_kv_float16) -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def half_runs(kernels: Kernels, batches: Callable[..., Calls]) -> Calls:
+def half_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
     x = awkward_floats()
     with np.errstate(over="ignore"):
         halves = x.astype(np.float16)
+    for tier in TIERS:
+        yield (tier, "round"), batch.round_to_half(kernels.builds[tier], x)
+        yield (tier, "widen"), batch.widen_half(kernels.builds[tier], halves)
 
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
-        for tier in TIERS:
-            yield (tier, "round"), batch.round_to_half(kernels.builds[tier], x)
-            yield (tier, "widen"), batch.widen_half(kernels.builds[tier], halves)
 
-    return batches(make)
+@pytest.fixture(scope="module")
+def half_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["half"]
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -616,3 +651,6 @@ def test_conversions_are_numpys_bit_for_bit(half_runs: Calls, tier: str) -> None
     assert same.all(), x[~same][:8]
     np.testing.assert_array_equal(half_runs[tier, "widen"].result(), expected.astype(np.float32))
 
+
+BATCHES: dict[str, Make] = {"probes": probe_calls, "float32": float32_calls, "stored": stored_calls, "fast": fast_calls,
+                            "cross": cross_calls, "attention": attention_calls, "half": half_calls}

@@ -25,7 +25,7 @@ CHUNK_CASES = [(heads, kv_heads, dim, 16, chunk, context, window) for heads, kv_
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Calls:
     kernels: Kernels = build_all(require_tools())
 
-    def make(batch: Batch) -> Iterable[tuple[Key, Call]]:
+    def make(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
         for tier in TIERS:
             build = kernels.builds[tier]
             for heads, kv_heads, dim, block_size, window in DECODE_CASES:
@@ -37,7 +37,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Calls:
                 yield (tier, "chunk", *shape, window), batch.chunk(build, c.q, c.k, c.v, c.table, c.context, 0,
                                                                     window)
 
-    return run_batch(kernels, tmp_path_factory.mktemp("window-calls"), make)
+    return run_batch(kernels, tmp_path_factory.mktemp("window") / "calls", make)
 
 
 def decode_reference(case: Decode, window: int) -> tuple[np.ndarray, np.ndarray]:

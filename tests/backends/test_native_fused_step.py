@@ -24,7 +24,6 @@ from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.bounds import forward_bound
 from tests.backends.tiny_gguf import TinyShape, write_tiny_gemma3, write_tiny_llama
-from tests.gemma3 import gemma3_path
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 TOL = 1e-4  # the K/V: float32 summation order only, as the paged-forward tests
@@ -502,8 +501,8 @@ def test_the_tiny_gemma3s_windows_matter(tiny_gemma3: LoadedModel) -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma3() -> LoadedModel:
-    return load_model(gemma3_path(), stored=STORED_TYPES)
+def gemma3(gemma3_stored: LoadedModel) -> LoadedModel:
+    return gemma3_stored
 
 
 def test_gemma3_270m_takes_the_fused_step(gemma3: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:

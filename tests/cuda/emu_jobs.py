@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.background import niced
 from tests.cuda.toolchain import REPO
 
 # halt_on_error: the first report ends the child with TSAN_EXIT_CODE.
@@ -64,7 +65,7 @@ def _command(libs: Libraries, case: str, sanitizer: str, no_aslr: bool) -> tuple
         setarch = shutil.which("setarch")
         if no_aslr and setarch:
             cmd = [setarch, platform.machine(), "-R", *cmd]
-    return cmd, env
+    return niced(cmd), env
 
 
 def run_case(libs: Libraries, case: str, sanitizer: str) -> Outcome:

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from backends.cupy_backend import launch
 from tests import required
+from tests.background import niced
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO / "backends" / "cupy_backend" / "kernels"
@@ -152,7 +153,7 @@ def cached_emu_build(gxx: str, out_dir: Path, sanitizer: str) -> EmuBuild:
     cached = emu_cache_dir() / f"{lib.stem}-{_emu_build_key(gxx, cmd, out_dir)}.so"
     if cached.exists() and cached.with_suffix(".log").exists():
         return EmuBuild(cached, cached_log=cached.with_suffix(".log").read_text())
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(niced(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return EmuBuild(lib, proc, cache_as=cached)
 
 

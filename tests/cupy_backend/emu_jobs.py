@@ -1,4 +1,4 @@
-"""Runs the end-to-end scenarios in child processes, all at once, each under a timeout: a crashing or
+"""Runs the end-to-end scenarios in child processes, a few at a time, each under a timeout: a crashing or
 deadlocked emulated kernel fails its test instead of taking pytest down. The children mostly wait on the
 emulation's barriers, so running them side by side finishes sooner even on two cores."""
 
@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.background import niced
 from tests.cuda.toolchain import REPO
 
 # A healthy scenario takes seconds to a few tens of seconds on a busy machine; only a hang gets near this.
@@ -28,7 +29,7 @@ class Outcome:
 
 
 def run_scenario(library: Path, model: Path, name: str) -> Outcome:
-    cmd = [sys.executable, "-m", "tests.cupy_backend.emu_run", str(library), str(model), name]
+    cmd = niced([sys.executable, "-m", "tests.cupy_backend.emu_run", str(library), str(model), name])
     try:
         done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -38,8 +39,10 @@ def run_scenario(library: Path, model: Path, name: str) -> Outcome:
 
 
 class ScenarioRunner:
-    def __init__(self, library: Path, model: Path, names: tuple[str, ...]) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(names)))
+    """Starts every scenario at once, `workers` at a time."""
+
+    def __init__(self, library: Path, model: Path, names: tuple[str, ...], workers: int) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers)
         self._futures: dict[str, Future[Outcome]] = {
             name: self._pool.submit(run_scenario, library, model, name) for name in names
         }

@@ -14,14 +14,12 @@ import numpy as np
 import pytest
 
 from backends.manual_batch import SeqState, make_batch
-from backends.model.loader import LoadedModel, load_model, open_model
+from backends.model.loader import LoadedModel, ModelFiles
 from backends.numpy_backend.backend import NumpyBackend
-from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
-from tests.gemma3 import gemma3_path
 from tests.scheduler.test_engine_numpy import PreemptionCounter
 from tests.service.live import numpy_client
 
@@ -36,10 +34,10 @@ MARGIN_FLOOR = 2 * LOGIT_TOL  # a greedy step closer than this to a tie may flip
 
 
 @pytest.fixture(scope="module")
-def model() -> LoadedModel:
+def model(gemma3_stored: LoadedModel) -> LoadedModel:
     """The weights as the file stores them: the kernels give a row the float32 copy's result bit for bit
     (tests/backends/test_native_quant.py), so this is also the float32 weights' run."""
-    return load_model(gemma3_path(), stored=STORED_TYPES)
+    return gemma3_stored
 
 
 @pytest.fixture(scope="module")
@@ -119,17 +117,10 @@ def test_the_long_prompt_needs_the_window() -> None:
     assert first < decided(case["greedy"])
 
 
-GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
-                  "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
-                  "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
-
-
-def test_served_over_http_with_a_chat_template_given(tmp_path: Path) -> None:
+def test_served_over_http_with_a_chat_template_given(gemma3_chat_files: ModelFiles) -> None:
     """`--chat-template` gives the base file Gemma's turns; its <end_of_turn> then stops generation (the file
     names no end-of-turn id), and a completion is the reference's text."""
-    template = tmp_path / "gemma3.jinja"
-    template.write_text(GEMMA_TEMPLATE)
-    files = open_model(gemma3_path(), template)[1]
+    files = gemma3_chat_files
     assert files.tokenizer.eos_token_ids == (1, 106)
     case = PROMPTS["fact"]
     with numpy_client(files, max_model_len=1024, num_blocks=128) as client:

@@ -17,12 +17,10 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from backends.model.loader import ModelFiles, open_model
+from backends.model.loader import ModelFiles
 from backends.sampling import allowed_matrix
 from scheduler.guided import GuideFactory
 from service.config.settings import ServiceConfig
-from tests.gemma3 import gemma3_path
-from tests.golden.test_gemma3 import GEMMA_TEMPLATE
 from tests.service.live import LiveServer, cached_builder, numpy_client, sim_config
 from tests.service.rawhttp import post
 from tests.service.test_guided_input import BAD_CHAT
@@ -47,10 +45,8 @@ CALL_PROMPTS = [PROMPTS[i] for i in (0, 1, 3, 6, 8, 9, 12, 19)]
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
-    template = tmp_path_factory.mktemp("gemma3") / "gemma3.jinja"
-    template.write_text(GEMMA_TEMPLATE)
-    return open_model(gemma3_path(), template)[1]
+def files(gemma3_chat_files: ModelFiles) -> ModelFiles:
+    return gemma3_chat_files
 
 
 @pytest.fixture(scope="module")

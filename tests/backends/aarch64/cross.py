@@ -24,6 +24,7 @@ from backends.numpy_backend.native.build import OPENMP, SOURCE_DIR, default_cach
 from backends.numpy_backend.native.cpu_tiers import ARM, TIERS, CpuTier
 from tests import required
 from tests.backends.compiler import flags_for
+from tests.background import niced
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's AArch64 libraries, where the emulator finds the loader
@@ -46,11 +47,16 @@ class Tools:
 
 def require_tools() -> Tools:
     """The cross compiler and the emulator, or a failure (CI) or skip (elsewhere) naming what is missing."""
-    cc, qemu = shutil.which(CROSS_CC), shutil.which(QEMU)
-    missing = [name for name, found in ((CROSS_CC, cc), (QEMU, qemu)) if found is None]
-    if cc is None or qemu is None:
+    tools = find_tools()
+    if tools is None:
+        missing = [name for name in (CROSS_CC, QEMU) if shutil.which(name) is None]
         required.unavailable(f"{' and '.join(missing)} not on PATH", CHECKS)
-    return Tools(cc, qemu)
+    return tools
+
+
+def find_tools() -> Tools | None:
+    cc, qemu = shutil.which(CROSS_CC), shutil.which(QEMU)
+    return None if cc is None or qemu is None else Tools(cc, qemu)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,8 @@ class Build:
 
 
 def start_compile(cc: str, flags: tuple[str, ...], sources: list[Path], target: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([cc, *flags, *WARNINGS, f"-I{SOURCE_DIR}", "-o", str(target), *map(str, sources), "-lm"],
+    cmd = [cc, *flags, *WARNINGS, f"-I{SOURCE_DIR}", "-o", str(target), *map(str, sources), "-lm"]
+    return subprocess.Popen(niced(cmd),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
@@ -217,8 +224,8 @@ class Batch:
         """Every queued call, in one run of the driver; each call's status from its line of output."""
         # threads that wait at a barrier sleep: spinning, emulated, took a third of the run's time
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-        done = subprocess.run([self.tools.qemu, "-L", str(SYSROOT), str(self.driver)], input="\n".join(self.lines),
-                              capture_output=True, text=True, timeout=600, env=env)
+        cmd = niced([self.tools.qemu, "-L", str(SYSROOT), str(self.driver)])
+        done = subprocess.run(cmd, input="\n".join(self.lines), capture_output=True, text=True, timeout=600, env=env)
         assert done.returncode == 0, done.stderr
         statuses = done.stdout.split()
         assert len(statuses) == len(self.calls), done.stdout
