@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,14 +30,14 @@ def niced(cmd: list[str]) -> list[str]:
     """`cmd` under the idle scheduling class (chrt --idle): it runs only where no foreground thread waits for a
     core, and a waking foreground thread takes the core back at once. A nice level is not enough: the kernels'
     OpenMP threads meet at a barrier in every projection, and two busy nice-10 children slowed a decode test by
-    30 % (test_native_fast, 1.51 to 1.97 s), two idle-class ones not at all. Where chrt is missing, nice."""
+    30 % (test_native_fast, 1.51 to 1.97 s), two idle-class ones not at all. Where chrt is missing or refused, nice."""
     return [*_lower_priority(), *cmd]
 
 
 @functools.cache  # looked up once: a test may patch shutil.which while background work starts children
 def _lower_priority() -> tuple[str, ...]:
     chrt, nice = shutil.which("chrt"), shutil.which("nice")
-    if chrt:
+    if chrt and subprocess.run([chrt, "--idle", "0", "true"], capture_output=True, check=False).returncode == 0:
         return (chrt, "--idle", "0")
     return (nice, "-n", "19") if nice else ()
 
