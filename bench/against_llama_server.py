@@ -10,8 +10,8 @@ prompts in a round and none of them a prompt it has cached): first one stream (`
 prompts of 128 words asking for 128 tokens), then `--streams` closed-loop clients (`--multi-requests` per
 round, 256-word prompts, 128 tokens). The servers' order turns round about (A B C, then C B A), so a host that
 speeds up or slows down moves all alike. The first round starts each server with one unmeasured request.
-Every request goes on a new connection, to every server alike: llama-server closes the connection after each
-streamed response without saying so, and a request sent on it again fails at once (CLOSING_BENCH).
+llama-server closes the connection after each streamed response without saying so; `pagedserve bench` sends a
+request that met such a closed pooled connection again on a new one (bench/loadgen/client.py).
 
 Prints one table over all rounds (percentiles over every request of every round; throughput = output tokens /
 the runs' wall time), the ratios against llama-server that issue 29's targets name, the 1-minute load average
@@ -43,11 +43,7 @@ from bench.stats import pct
 LLAMA = "llama-server"
 SINGLE, MULTI = "1 stream", "streams"
 START_TIMEOUT_S = 120.0
-# `pagedserve bench` with a new connection per request, for every server alike: llama-server (cpp-httplib) closes
-# the connection after each streamed response without a `Connection: close`, so a reused one fails at once.
-CLOSING_BENCH = ("import functools, runpy, sys, aiohttp; aiohttp.TCPConnector.__init__ = functools.partialmethod("
-                 "aiohttp.TCPConnector.__init__, force_close=True); sys.argv = ['pagedserve', 'bench', *sys.argv[1:]]; "
-                 "runpy.run_module('service', run_name='__main__')")
+BENCH = ("-m", "service", "bench")  # `pagedserve bench`, by the interpreter running this
 
 
 @dataclass
@@ -206,7 +202,7 @@ def bench_args(url: str, name: str, model: str, *, concurrency: int, requests: i
 
 def run_bench(args: list[str]) -> dict[str, Any]:
     """One `pagedserve bench` run in its own process; its JSON's only point."""
-    proc = subprocess.run([sys.executable, "-c", CLOSING_BENCH, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, *BENCH, *args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"pagedserve bench {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     out = args[args.index("--out") + 1]

@@ -47,6 +47,7 @@ class _Recorder:
     error: str = ""
     detail: str = ""
     done: bool = False
+    answered: bool = False  # the response's status line arrived
 
     def event(self, payload: bytes, now: float) -> None:
         if payload == DONE:
@@ -124,7 +125,19 @@ class Client:
         return {**self._headers, name: session_id} if name and session_id else self._headers
 
     async def _exchange(self, body: bytes, rec: _Recorder, headers: dict[str, str]) -> None:
+        """One exchange, sent once more on another connection when a pooled one turns out closed before any
+        answer: some servers (llama-server's cpp-httplib) close the connection after a streamed response
+        without `Connection: close`, and a request written on it before the close is seen never reaches them."""
+        try:
+            await self._exchange_once(body, rec, headers)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if rec.answered:
+                raise
+            await self._exchange_once(body, rec, headers)
+
+    async def _exchange_once(self, body: bytes, rec: _Recorder, headers: dict[str, str]) -> None:
         async with self.session.post(self.target.url, data=body, headers=headers) as resp:
+            rec.answered = True
             if resp.status != 200:
                 rec.fail(f"HTTP {resp.status}", await resp.text(errors="replace"))
                 return

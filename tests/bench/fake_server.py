@@ -24,6 +24,7 @@ class Script:
     status: int = 200
     usage: bool = True
     error_event: bool = False  # end with an in-band error instead of usage
+    close_after_stream: bool = False  # close the connection after each stream, saying nothing (as cpp-httplib)
     arrivals: list[float] = field(default_factory=list)  # monotonic time each request came in
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -69,6 +70,9 @@ async def _stream(request: web.Request, script: Script, body: dict[str, Any]) ->
     elif script.usage:
         await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n}}))
     await resp.write(b"data: [DONE]\n\n")
+    if script.close_after_stream and request.transport is not None:
+        await resp.write_eof()
+        request.transport.close()
     return resp
 
 

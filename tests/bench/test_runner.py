@@ -38,6 +38,15 @@ def test_measured_latencies_match_the_servers_timing() -> None:
     assert s.e2e_ms.p50 == pytest.approx(80 + 5 * 30, abs=40)
 
 
+def test_a_server_closing_each_streams_connection_unannounced_loses_no_request() -> None:
+    """llama-server (cpp-httplib) closes the connection after a streamed response without `Connection: close`;
+    a request written on that pooled connection before the close is seen goes again on a new one, and only
+    that one reaches the server: every request completes once."""
+    script = Script(gap_s=0.001, close_after_stream=True)
+    m = bench(script, LoadShape(concurrency=2), Bounds(40))
+    assert (m.summary.completed, m.summary.failed, len(script.bodies)) == (40, 0, 40), m.summary.errors
+
+
 def test_count_bound_and_warmup() -> None:
     script = Script()
     m = bench(script, LoadShape(concurrency=3), Bounds(10, warmup=4))
