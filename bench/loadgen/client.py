@@ -97,6 +97,9 @@ def _prompt_text(target: Target, spec: RequestSpec) -> str:
     return spec.completion_prompt()
 
 
+STALE_CONNECTION_TRIES = 8  # a request's sends, while each meets a pooled connection the server has closed
+
+
 class Client:
     """Sends requests to one target over a shared connection pool."""
 
@@ -125,15 +128,18 @@ class Client:
         return {**self._headers, name: session_id} if name and session_id else self._headers
 
     async def _exchange(self, body: bytes, rec: _Recorder, headers: dict[str, str]) -> None:
-        """One exchange, sent once more on another connection when a pooled one turns out closed before any
-        answer: some servers (llama-server's cpp-httplib) close the connection after a streamed response
-        without `Connection: close`, and a request written on it before the close is seen never reaches them."""
-        try:
-            await self._exchange_once(body, rec, headers)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if rec.answered:
-                raise
-            await self._exchange_once(body, rec, headers)
+        """One exchange, sent again when a pooled connection turns out closed before any answer: some servers
+        (llama-server's cpp-httplib) close the connection after a streamed response without `Connection: close`,
+        and a request written on it before the close is seen never reaches them. Several streams ending together
+        leave several such connections in the pool, and each try discards one."""
+        for tries_left in range(STALE_CONNECTION_TRIES - 1, -1, -1):
+            try:
+                await self._exchange_once(body, rec, headers)
+                return
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                if rec.answered or not tries_left:
+                    raise
+                await asyncio.sleep(0)  # the loop reads the closes that have arrived: those connections leave the pool
 
     async def _exchange_once(self, body: bytes, rec: _Recorder, headers: dict[str, str]) -> None:
         async with self.session.post(self.target.url, data=body, headers=headers) as resp:
