@@ -279,7 +279,7 @@ class EngineCore:
         self.observer.request_finished(RequestRecord(
             state.request.request_id, state.request.arrival_time, self.clock(), state.finish_reason,
             len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,
-            state.first_scheduled, state.first_token, error))
+            state.first_scheduled, state.first_token, error, tuple(seq.token_ids for seq in state.seqs)))
 
     def _step_record(self, plan: SchedulerPlan, started: float, end: float, seconds: float) -> StepRecord:
         kv = self.kv.stats()

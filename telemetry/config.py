@@ -34,7 +34,7 @@ class TelemetryConfig:
     step_spans: bool = True  # one llm.engine_step span per step, linked to the requests it served
     slow_token_factor: float = 2.0  # a gap over factor x the request's running median gap is a slow token
     slow_token_min_gaps: int = 3  # gaps seen before a request's tokens are judged
-    record_content: bool = False  # prompts go into spans only when True
+    record_content: bool = False  # prompts and completions go into spans only when True
     export_timeout_s: float = 10.0  # one export request (a down collector costs this, off the hot path)
     schedule_delay_s: float = 1.0  # the batch processor's export interval
     max_queue_size: int = 16384  # ended spans waiting for export; beyond it spans are dropped and counted

@@ -1,9 +1,10 @@
 """What the service hands the engine in `EngineRequest.trace_context`: the incoming W3C trace context plus the
-request facts the engine does not know (served model name, OpenAI operation, optionally the prompt)."""
+request facts the engine does not know (served model name, OpenAI operation, optionally the prompt and the
+tokenizer's decode for the completion)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ class RequestContext:
     model: str | None = None
     operation: str = "chat"  # gen_ai.operation.name: "chat" | "text_completion"
     prompt: str | None = None  # recorded only when TelemetryConfig.record_content is on
+    # Set with `prompt`: spells the completion's token ids as text, on the telemetry worker at the request's end
+    decode: Callable[[Sequence[int]], str] | None = None
     request_id: str | None = None  # the HTTP request's X-Request-Id (the client's or the server's)
     # The request span's ids, reserved when the request arrives (Telemetry.reserve): the span itself is made
     # later, on the telemetry worker, but the response's traceresponse header must name it before that.

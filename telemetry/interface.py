@@ -93,6 +93,9 @@ class RequestRecord:
     first_scheduled: float | None
     first_token: float | None
     error: str | None = None
+    # Each choice's prompt-then-output token ids: the engine's own lists, handed over uncopied (a tuple of
+    # references per request); read on the telemetry thread only when content is recorded, for the completion.
+    token_ids: tuple[Sequence[int], ...] = ()
 
 
 class EngineObserver(Protocol):

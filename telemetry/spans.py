@@ -1,7 +1,10 @@
-"""Span names and attribute builders (gen_ai.* semantic conventions plus pagedserve.*)."""
+"""Span names and attribute builders: gen_ai.* semantic conventions, the OpenInference attributes that LLM
+trace stores (Phoenix) read, and pagedserve.*."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from telemetry.interface import RequestRecord, StepRecord, TokenRecord
@@ -17,15 +20,19 @@ TOKEN_EVENT = "token"
 SLOW_TOKEN_EVENT = "slow_token"
 PREEMPTED_EVENT = "preempted"
 PROMPT_EVENT = "gen_ai.content.prompt"
+COMPLETION_EVENT = "gen_ai.content.completion"
 Attributes = dict[str, Any]
 
 
 def request_attributes(state: RequestState, default_model: str) -> Attributes:
     params, ctx = state.params, state.context
+    model = ctx.model or default_model or "unknown"
     attrs: Attributes = {
         "gen_ai.operation.name": ctx.operation,
         "gen_ai.system": "pagedserve",
-        "gen_ai.request.model": ctx.model or default_model or "unknown",
+        "gen_ai.request.model": model,
+        "openinference.span.kind": "LLM",
+        "llm.model_name": model,
         "pagedserve.request.id": state.request_id,
         "gen_ai.usage.input_tokens": state.prompt_tokens,
     }
@@ -43,6 +50,9 @@ def finish_attributes(state: RequestState, record: RequestRecord) -> Attributes:
     attrs: Attributes = {
         "gen_ai.usage.input_tokens": record.prompt_tokens,
         "gen_ai.usage.output_tokens": record.completion_tokens,
+        "llm.token_count.prompt": record.prompt_tokens,
+        "llm.token_count.completion": record.completion_tokens,
+        "llm.token_count.total": record.prompt_tokens + record.completion_tokens,
         "gen_ai.response.finish_reasons": tuple(record.finish_reason.split(",")),
         "pagedserve.cached_tokens": record.cached_tokens,
         "pagedserve.e2e_s": record.finished - state.queued_at,
@@ -61,6 +71,17 @@ def finish_attributes(state: RequestState, record: RequestRecord) -> Attributes:
     if state.first_token is not None and state.last_token is not None:
         attrs["pagedserve.decode_time_s"] = state.last_token - state.first_token
     return attrs
+
+
+def input_attributes(prompt: str) -> Attributes:
+    return {"input.value": prompt, "input.mime_type": "text/plain"}
+
+
+def output_attributes(completions: Sequence[str]) -> Attributes:
+    """One choice: its text; several: a JSON array of their texts, in choice order."""
+    if len(completions) == 1:
+        return {"output.value": completions[0], "output.mime_type": "text/plain"}
+    return {"output.value": json.dumps(list(completions)), "output.mime_type": "application/json"}
 
 
 def token_attributes(index: int, step: StepRecord, record: TokenRecord, gap: float, slow: SlowToken | None
@@ -91,8 +112,11 @@ def slow_token_attributes(index: int, step: StepRecord, slow: SlowToken) -> Attr
     }
 
 
-def step_attributes(step: StepRecord, tokens: int) -> Attributes:
+def step_attributes(step: StepRecord, tokens: int, request_spans: Sequence[int]) -> Attributes:
+    """request_spans: the span ids of the request spans the step links to, also as an attribute (hex) for the
+    stores that keep no links (Phoenix drops them at ingestion)."""
     return {
+        "pagedserve.step.request_spans": tuple(f"{span_id:016x}" for span_id in request_spans),
         "pagedserve.step.output_tokens": tokens,
         "pagedserve.step.id": step.step_id,
         "pagedserve.step.batch_size": step.num_seqs,

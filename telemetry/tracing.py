@@ -4,7 +4,8 @@ records into spans with explicit start/end times.
 Per request: `llm.request` (SERVER, child of the incoming traceparent) with children `llm.request.queue` (each
 wait, a requeue after a preemption included), `llm.request.prefill` (each chunk) and `llm.request.decode`;
 per-token events on the request span; a `slow_token` event for each attributed slow token. Per engine step:
-`llm.engine_step`, linked to the request spans it served.
+`llm.engine_step`, linked to the request spans it served. With content recorded, the request span carries its
+prompt and each choice's completion, as gen_ai.content.* events and as OpenInference input/output values.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from telemetry.config import TelemetryConfig
 from telemetry.interface import RequestRecord, StepRecord, TokenRecord
 from telemetry.itl import SlowToken
 from telemetry.spans import (
+    COMPLETION_EVENT,
     DECODE_SPAN,
     PREEMPTED_EVENT,
     PREFILL_SPAN,
@@ -34,6 +36,8 @@ from telemetry.spans import (
     STEP_SPAN,
     TOKEN_EVENT,
     finish_attributes,
+    input_attributes,
+    output_attributes,
     request_attributes,
     slow_token_attributes,
     step_attributes,
@@ -59,11 +63,14 @@ class ReservedIds(RandomIdGenerator):
 
 
 def build_provider(config: TelemetryConfig, ids: ReservedIds | None = None) -> TracerProvider:
+    """openinference.project.name: the project OpenInference stores (Phoenix) file the spans under."""
     limits = SpanLimits(max_events=config.max_span_events, max_links=config.max_span_links,
                         max_span_attributes=config.max_span_attributes,
                         max_event_attributes=config.max_span_attributes,
                         max_link_attributes=config.max_span_attributes)
-    return TracerProvider(resource=Resource.create({"service.name": config.service_name}), span_limits=limits,
+    resource = Resource.create({"service.name": config.service_name,
+                                "openinference.project.name": config.service_name})
+    return TracerProvider(resource=resource, span_limits=limits,
                           id_generator=ids, shutdown_on_exit=False)
 
 
@@ -111,6 +118,7 @@ class TraceSink:
         self.open[state.request_id] = RequestSpans(span, trace.set_span_in_context(span))
         if self.record_content and state.context.prompt is not None:
             span.add_event(PROMPT_EVENT, {"gen_ai.prompt": state.context.prompt}, self.clock.ns(state.queued_at))
+            span.set_attributes(input_attributes(state.context.prompt))
 
     def preempted(self, state: RequestState, now: float) -> None:
         spans = self.open.get(state.request_id)
@@ -146,10 +154,11 @@ class TraceSink:
     def step(self, step: StepRecord, tokens: int) -> None:
         if not self.step_spans:
             return
-        links = [Link(spans.span.get_span_context()) for rid in step.request_ids
-                 if (spans := self.open.get(rid)) is not None]
-        span = self.tracer.start_span(STEP_SPAN, context=Context(), kind=SpanKind.INTERNAL, links=links,
-                                      attributes=step_attributes(step, tokens),
+        served = [spans.span.get_span_context() for rid in step.request_ids
+                  if (spans := self.open.get(rid)) is not None]
+        span = self.tracer.start_span(STEP_SPAN, context=Context(), kind=SpanKind.INTERNAL,
+                                      links=[Link(served_span) for served_span in served],
+                                      attributes=step_attributes(step, tokens, [c.span_id for c in served]),
                                       start_time=self.clock.ns(step.start))
         span.end(self.clock.ns(step.end))
 
@@ -161,12 +170,24 @@ class TraceSink:
             self._child(state, DECODE_SPAN, state.first_token, state.last_token,
                         {"gen_ai.usage.output_tokens": record.completion_tokens}, spans)
         spans.span.set_attributes(finish_attributes(state, record))
+        self._completions(state, record, spans.span)
         if record.error is not None:
             spans.span.set_status(Status(StatusCode.ERROR, record.error))
         spans.span.end(self.clock.ns(max(record.finished, state.queued_at)))
 
     def rejected(self, reason: str) -> None:
         pass
+
+    def _completions(self, state: RequestState, record: RequestRecord, span: trace.Span) -> None:
+        """Each choice's output tokens spelled by the service's tokenizer, here on the worker, never the engine."""
+        decode = state.context.decode
+        if not self.record_content or decode is None or not record.token_ids:
+            return
+        texts = [decode(ids[record.prompt_tokens:]) for ids in record.token_ids]
+        at = self.clock.ns(max(record.finished, state.queued_at))
+        for index, text in enumerate(texts):
+            span.add_event(COMPLETION_EVENT, {"gen_ai.completion": text, "pagedserve.choice.index": index}, at)
+        span.set_attributes(output_attributes(texts))
 
     def _child(self, state: RequestState, name: str, start: float, end: float, attributes: dict[str, object],
                spans: RequestSpans | None = None) -> None:

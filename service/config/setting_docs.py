@@ -158,7 +158,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "telemetry.token_events": SettingDoc("per-token span events", values="all, every:N, none"),
     "telemetry.slow_token_factor": SettingDoc("a gap over this many times the request's median gap is a slow "
                                               "token"),
-    "telemetry.record_content": SettingDoc("put each prompt into its request span"),
+    "telemetry.record_content": SettingDoc("put each prompt and completion into its request span"),
 })
 
 

@@ -91,8 +91,9 @@ def trace_contexts(request: web.Request, model: str, operation: str, prompts: li
 
 def _context(runtime: Runtime, record: bool, base: RequestContext, prompt: TokenIds) -> RequestContext:
     """One prompt's context: its request span's ids reserved now (when traced) for the traceresponse header,
-    and its text when `record` (record_content) is on."""
+    and its text (and the decoder for its completion) when `record` (record_content) is on."""
     context = runtime.telemetry.reserve(base) if runtime.telemetry is not None else base
     if not record:
         return context
-    return replace(context, prompt=runtime.tokenizer.decode(prompt, skip_special_tokens=False))
+    return replace(context, prompt=runtime.tokenizer.decode(prompt, skip_special_tokens=False),
+                   decode=runtime.tokenizer.decode)  # the completion's, on the telemetry worker

@@ -61,9 +61,9 @@ class Rig:
     streams: dict[str, RequestStream] = field(default_factory=dict)
 
     def submit(self, request_id: str, prompt_len: int, max_tokens: int, trace_context: Any = None,
-               seed: int = 0, priority: int = 0) -> RequestStream:
+               seed: int = 0, priority: int = 0, n: int = 1) -> RequestStream:
         prompt = tuple(1000 + (97 * seed + 13 * j) % 20000 for j in range(prompt_len))
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, n=n)
         request = EngineRequest(request_id, prompt, params, priority, arrival_time=self.backend.clock.now(),
                                 trace_context=trace_context)
         self.streams[request_id] = stream = self.core.add_request(request)

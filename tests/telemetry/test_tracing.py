@@ -1,11 +1,14 @@
-"""Spans from the engine's records, checked with the SDK's in-memory exporter: names, hierarchy, gen_ai
-attributes, per-token events and their sampling, step spans and their links, W3C trace context."""
+"""Spans from the engine's records, checked with the SDK's in-memory exporter: names, hierarchy, gen_ai and
+OpenInference attributes, per-token events and their sampling, step spans and their links, recorded content,
+W3C trace context."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -67,6 +70,9 @@ def test_request_span_continues_traceparent_with_gen_ai_attributes(files: ModelF
     assert a["gen_ai.request.top_p"] == 1.0
     assert a["gen_ai.usage.input_tokens"] == 20 and a["gen_ai.usage.output_tokens"] == 6
     assert a["gen_ai.response.finish_reasons"] == ("length",)
+    oi = dict(span.attributes or {})  # OpenInference's, read by LLM trace stores
+    assert oi["openinference.span.kind"] == "LLM" and oi["llm.model_name"] == "SmolLM2-135M-Instruct"
+    assert (oi["llm.token_count.prompt"], oi["llm.token_count.completion"], oi["llm.token_count.total"]) == (20, 6, 26)
     record = rig.tee.finished["r1"]
     assert a["pagedserve.ttft_s"] == pytest.approx(record.first_token - record.arrival)
     for key in ("pagedserve.queue_time_s", "pagedserve.prefill_time_s", "pagedserve.decode_time_s"):
@@ -139,6 +145,8 @@ def test_step_spans_link_the_requests_they_served(files: ModelFiles) -> None:
     for span, record in zip(steps, rig.tee.steps, strict=True):
         linked = {requests[link.context.span_id] for link in span.links}
         assert linked == set(record.request_ids)
+        spans_named = tuple(format(link.context.span_id, "016x") for link in span.links)
+        assert dict(span.attributes or {})["pagedserve.step.request_spans"] == spans_named  # for link-less stores
         assert span.attributes["pagedserve.step.batch_size"] == record.num_seqs
         assert span.attributes["pagedserve.step.prefill_tokens"] == record.prefill_tokens
         assert span.attributes["pagedserve.step.decode_tokens"] == record.decode_tokens
@@ -155,17 +163,48 @@ def test_no_step_spans_when_off(files: ModelFiles) -> None:
     assert not named(spans, "llm.engine_step") and named(spans, "llm.request")
 
 
-def test_prompt_recorded_only_when_enabled(files: ModelFiles) -> None:
+def content_context(decoded: list[Sequence[int]], decode: Callable[[Sequence[int]], str]) -> Any:
+    """A request context carrying a prompt and a decoder that notes what it was asked to decode."""
+    def noting(ids: Sequence[int]) -> str:
+        decoded.append(list(ids))
+        return decode(ids)
+    return replace(extract_context({}, prompt="secret prompt"), decode=noting)
+
+
+def test_prompt_and_completion_recorded_only_when_enabled(files: ModelFiles) -> None:
     for record_content in (False, True):
         rig, telemetry, exporter = traced(files, TelemetryConfig(record_content=record_content,
                                                                   schedule_delay_s=0.05))
-        rig.submit("r", 10, 2, trace_context=extract_context({}, prompt="secret prompt"))
-        rig.run()
+        decoded: list[Sequence[int]] = []
+        rig.submit("r", 10, 2, trace_context=content_context(decoded, files.tokenizer.decode))
+        output = rig.run()["r"].choices[0].token_ids
         span = request_span(finish(telemetry, exporter), "r")
+        completion = files.tokenizer.decode(output)
         prompts = [e for e in span.events if e.name == "gen_ai.content.prompt"]
+        completions = [e.attributes for e in span.events if e.name == "gen_ai.content.completion"]
         assert len(prompts) == int(record_content)
+        assert decoded == ([list(output)] if record_content else [])  # off: not even decoded
+        assert completions == ([{"gen_ai.completion": completion, "pagedserve.choice.index": 0}]
+                               if record_content else [])
+        recorded = {key: dict(span.attributes or {}).get(key) for key in ("input.value", "output.value")}
+        assert recorded == ({"input.value": "secret prompt", "output.value": completion} if record_content
+                            else {"input.value": None, "output.value": None})
         flat = repr(span.to_json())
         assert ("secret prompt" in flat) is record_content
+
+
+def test_several_choices_give_a_json_array_of_completions(files: ModelFiles) -> None:
+    rig, telemetry, exporter = traced(files, TelemetryConfig(record_content=True, schedule_delay_s=0.05))
+    rig.submit("r", 10, 3, trace_context=content_context([], files.tokenizer.decode), n=2)
+    choices = rig.run()["r"].choices
+    span = request_span(finish(telemetry, exporter), "r")
+    attributes = dict(span.attributes or {})
+    texts = [files.tokenizer.decode(choice.token_ids) for choice in sorted(choices, key=lambda c: c.index)]
+    assert attributes["output.mime_type"] == "application/json"
+    assert json.loads(str(attributes["output.value"])) == texts
+    indices = [dict(e.attributes or {})["pagedserve.choice.index"] for e in span.events
+               if e.name == "gen_ai.content.completion"]
+    assert indices == [0, 1]
 
 
 def test_aborted_request_ends_its_span(files: ModelFiles) -> None:
