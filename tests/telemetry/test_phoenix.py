@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from backends.model.loader import ModelFiles
-from service.config import ServiceConfig, TelemetrySettings
+from service.config.settings import ServiceConfig, TelemetrySettings
 from tests.background import background_of
 from tests.required import unavailable
 from tests.service.live import LiveServer, cached_builder, sim_config
