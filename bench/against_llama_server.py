@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from bench.experiments.server import Server, ServerError
+from bench.host import free_port, load_average, rss_mib
 from bench.stats import pct
 
 LLAMA = "llama-server"
@@ -131,12 +131,6 @@ def targets(figures: dict[str, dict[str, dict[str, float]]], streams: int) -> li
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class LlamaServer:
     """llama.cpp's server on a free loopback port until the block ends."""
 
@@ -210,17 +204,6 @@ def run_bench(args: list[str]) -> dict[str, Any]:
     return point
 
 
-def resident_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def load_average() -> float:
-    return float(Path("/proc/loadavg").read_text().split()[0])
-
-
 @contextlib.contextmanager
 def servers(args: argparse.Namespace) -> Iterator[dict[str, tuple[str, int]]]:
     """name -> (URL, pid) of every server under test."""
@@ -276,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pooled[load].setdefault(name, Pooled()).add_run(run_bench(run))
                     print(f"round {r + 1}/{args.rounds}, {load}, {name}: done at "
                           f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-        rss = {name: resident_mib(pid) for name, (_, pid) in up.items()}
+        rss = {name: rss_mib(pid) for name, (_, pid) in up.items()}
     load_after = load_average()
     figures = {load: {name: p.figures() for name, p in servers_.items()} for load, servers_ in pooled.items()}
     print(f"model: {args.model}; threads {args.threads}; {args.rounds} rounds; "

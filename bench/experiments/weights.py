@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import re
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 
 from backends.numpy_backend.native.cpu_tiers import CpuInfo
 from bench.experiments.server import Server
+from bench.host import rss_mib
 from bench.loadgen.measure import measure
 from bench.loadgen.spec import Bounds, LoadShape, Target
 from bench.loadgen.workloads import Lengths, RandomWorkload
@@ -60,12 +59,6 @@ def report(samples: dict[str, tuple[list[float], list[float]]], rss: dict[str, f
     return lines
 
 
-def resident_mib(pid: int) -> float:
-    """VmRSS of the process, in MiB."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -81,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for mode, (ttft, tpot) in asyncio.run(one_round(urls, args.requests, r == 0)).items():
                 samples[mode][0].extend(ttft)
                 samples[mode][1].extend(tpot)
-        rss = {mode: resident_mib(server.pid) for mode, server in servers.items()}
+        rss = {mode: rss_mib(server.pid) for mode, server in servers.items()}
     tier = CpuInfo.of_this_host().choose(args.cpu_isa)
     print(f"CPU tier: {tier.name} ({tier.summary}{'' if args.cpu_isa == 'auto' else ', forced'})")
     print("\n".join(report(samples, rss)))

@@ -8,7 +8,6 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 
@@ -59,14 +58,6 @@ async def settle(session: aiohttp.ClientSession, url: str, timeout: float = 10.0
         await asyncio.sleep(0.1)
         state = await engine_state(session, url)
     return state
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process, from /proc (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 @dataclass

@@ -25,7 +25,8 @@ from typing import Any
 import aiohttp
 
 from bench.experiments.server import Server
-from bench.reliability.common import Tally, metric_values, rss_mib, settle, verdict
+from bench.host import rss_mib
+from bench.reliability.common import Tally, metric_values, settle, verdict
 
 WORDS = ("alpha", "river", "stone", "quiet", "engine", "paper", "orbit", "candle", "forest", "signal", "tiger",
          "velvet", "harbor", "prism", "meadow", "copper")

@@ -540,16 +540,12 @@ def queue_chunk(batch: Batch, build: Build, case: Chunk) -> Call:
 def attention_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
     for tier in TIERS:
         build = kernels.builds[tier]
-        for heads, kv_heads, dim, block_size, parallel in DECODE_CASES:
-            case = decode_case(heads, kv_heads, dim, block_size)
-            yield (tier, "decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
-                batch, build, case, parallel)
+        for label, cases, make in (("decode", DECODE_CASES, decode_case),
+                                   ("half decode", HALF_DECODE_CASES, half_decode_case)):
+            for *shape, parallel in cases:
+                yield (tier, label, *shape, parallel), queue_decode(batch, build, make(*shape), parallel)
         for chunk in CHUNK_CASES:
             yield (tier, "chunk", *chunk), queue_chunk(batch, build, chunk_case(*chunk))
-        for heads, kv_heads, dim, block_size, parallel in HALF_DECODE_CASES:
-            case = half_decode_case(heads, kv_heads, dim, block_size)
-            yield (tier, "half decode", heads, kv_heads, dim, block_size, parallel), queue_decode(
-                batch, build, case, parallel)
         for half_chunk in HALF_CHUNK_CASES:
             yield (tier, "half chunk", *half_chunk), queue_chunk(batch, build, half_chunk_case(*half_chunk))
         yield (tier, "large scores"), queue_decode(batch, build, large_scores_case(), 2048)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.host import free_port
 from tests.background import niced
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +25,6 @@ PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
 # while a core is free, which a busy stretch of the suite may not leave it for minutes.
 START_CPU_S = 120.0
 START_WALL_S = 900.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
