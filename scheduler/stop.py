@@ -124,6 +124,19 @@ class TextAssembler:
         return rest
 
     def _first_stop(self, text: str) -> tuple[int, str] | None:
-        found = [(text.find(s), s) for s in self._stop]
-        hits = [(pos, s) for pos, s in found if pos >= 0]
-        return min(hits) if hits else None
+        return first_stop(text, self._stop)
+
+
+def first_stop(text: str, stop: Seq[str]) -> tuple[int, str] | None:
+    """Where the earliest stop string starts in text, and which (None: none occurs)."""
+    hits = [(pos, s) for s in stop if (pos := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+def cut_at_stop(text: str, stop: Seq[str], include_stop: bool = False) -> str:
+    """A whole output's text as TextAssembler emits it: ended before its first stop string (after, if included)."""
+    hit = first_stop(text, stop)
+    if hit is None:
+        return text
+    position, found = hit
+    return text[: position + len(found) if include_stop else position]

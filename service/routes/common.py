@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import msgspec
 from aiohttp import web
 
+from backends.model.tokenizer import Tokenizer
 from scheduler.errors import echoed
 from scheduler.params import SamplingParams
+from scheduler.stop import cut_at_stop
 from service.generation.jobs import Job
 from service.generation.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
 from service.http.request_id import engine_id, request_id_of
@@ -72,28 +76,35 @@ def make_job(request: web.Request, prefix: str, model: str, prompts: list[TokenI
     include_usage = bool(req.stream and options and options.include_usage)
     operation = "chat" if prefix == "chatcmpl" else "text_completion"
     return Job(ident, prompts, params, req.priority, bool(req.stream), include_usage, service.request_timeout_s,
-               service.max_stream_events_per_s, trace_contexts(request, model, operation, prompts),
+               service.max_stream_events_per_s, trace_contexts(request, model, operation, prompts, params),
                include_usage and bool(options and options.continuous_usage_stats))
 
 
-def trace_contexts(request: web.Request, model: str, operation: str, prompts: list[TokenIds]
+def trace_contexts(request: web.Request, model: str, operation: str, prompts: list[TokenIds], params: SamplingParams
                    ) -> tuple[RequestContext, ...]:
     """One per prompt; with record_content on, each carries its prompt's text (as the model sees it, chat
-    template included) for the request span. Off, no prompt text is even decoded."""
+    template included) for the request span, and the decoder of its completion. Off, no text is even decoded."""
     base = replace(extract_context(request.headers, model=model, operation=operation),
                    request_id=request_id_of(request))
     runtime, record = runtime_of(request), request.app[CONFIG_KEY].telemetry.record_content
-    contexts = tuple(_context(runtime, record, base, ids) for ids in prompts)
+    contexts = tuple(_context(runtime, record, base, ids, params) for ids in prompts)
     if contexts:
         remember(request, contexts[0])  # traceresponse names the first prompt's span (one per prompt)
     return contexts
 
 
-def _context(runtime: Runtime, record: bool, base: RequestContext, prompt: TokenIds) -> RequestContext:
+def _context(runtime: Runtime, record: bool, base: RequestContext, prompt: TokenIds, params: SamplingParams
+             ) -> RequestContext:
     """One prompt's context: its request span's ids reserved now (when traced) for the traceresponse header,
     and its text (and the decoder for its completion) when `record` (record_content) is on."""
     context = runtime.telemetry.reserve(base) if runtime.telemetry is not None else base
     if not record:
         return context
     return replace(context, prompt=runtime.tokenizer.decode(prompt, skip_special_tokens=False),
-                   decode=runtime.tokenizer.decode)  # the completion's, on the telemetry worker
+                   decode=functools.partial(_completion_text, runtime.tokenizer, params))  # on the telemetry worker
+
+
+def _completion_text(tokenizer: Tokenizer, params: SamplingParams, token_ids: Sequence[int]) -> str:
+    """A completion's text as its client got it: special tokens as the request asked, cut at a stop string."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
+    return cut_at_stop(text, params.stop, params.include_stop_str_in_output)

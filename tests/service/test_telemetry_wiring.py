@@ -81,6 +81,25 @@ def test_record_content_puts_each_prompt_in_its_request_span(model_files: ModelF
     assert "<|im_start|>user\nsecret chat" in chat_prompt  # as the model saw it, chat template applied
 
 
+def test_the_recorded_completion_is_the_text_the_client_got(model_files: ModelFiles) -> None:
+    """Cut at the stop string where the client's text was, not the tokens the engine decoded past it."""
+    body = {"prompt": "Hello there", "max_tokens": 16, "temperature": 0}
+    with OtlpReceiver() as receiver:
+        server = _traced_server(receiver, model_files, record_content=True)
+        try:
+            whole = post(server.url + "/v1/completions", body).json()["choices"][0]["text"]
+            middle = len(whole) // 2
+            stop = next(whole[i:i + 2] for i in range(middle, len(whole)) if whole[i:i + 2].strip())
+            cut = post(server.url + "/v1/completions", {**body, "stop": [stop]}).json()["choices"][0]
+            _flush(server)
+            spans = _request_spans(receiver, count=2)
+        finally:
+            server.close()
+    assert cut["finish_reason"] == "stop" and cut["text"] == whole[:whole.index(stop)] != whole
+    recorded = sorted(str(attrs(span.attributes)["output.value"]) for span in spans)
+    assert recorded == sorted([whole, cut["text"]])
+
+
 def test_metrics_carry_the_step_cost_model(model_files: ModelFiles) -> None:
     config = sim_config(ServiceConfig(port=0), profile="h200", itl_target_ms=50.0)
     server = LiveServer.start(config, cached_builder(model_files))
