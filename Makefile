@@ -13,7 +13,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint cross-tools phoenix-tools bench-backend bench-kv bench-reliability clean
+.PHONY: serve test lint cross-tools browser-tools phoenix-tools bench-backend bench-kv bench-reliability clean
 
 # The install says one line per stage. pip -qq prints its errors only, in full (a failed build's whole output);
 # its warnings and the build backend's notes are for `pip -v`.
@@ -63,6 +63,18 @@ cross-tools:
 	else \
 		echo "installing $(CROSS_PACKAGES)"; \
 		$(APT_INSTALL) || { apt-get update -qq && $(APT_INSTALL); }; \
+	fi
+
+# Headless Chromium and its driver, from Debian's packages, for the dashboard's browser test
+# (tests/service/test_dashboard_browser.py, driven by Selenium): CI runs this as root before the tests.
+BROWSER_PACKAGES := chromium chromium-driver
+APT_BROWSER := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES)
+browser-tools:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		echo "installing $(BROWSER_PACKAGES)"; \
+		$(APT_BROWSER) || { apt-get update -qq && $(APT_BROWSER); }; \
 	fi
 
 bench-backend: $(STAMP)

@@ -1,7 +1,8 @@
 """The server's traces in a real trace store: Arize Phoenix (tests/telemetry/phoenix.py) receives a 50-request
 streamed run over OTLP/HTTP, with content recording on, and everything is read back through Phoenix's own REST
 API: each request's LLM span with one token event per streamed token, its OpenInference and gen_ai.* attributes,
-its prompt and completion; each engine step's span naming request spans that are in the store."""
+its prompt and completion; each engine step's span naming request spans that are in the store. Then Phoenix's own
+web UI, in headless Chromium (tests/browser.py), lists the run's request spans as LLM spans."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ import pytest
 from backends.model.loader import ModelFiles
 from service.config.settings import ServiceConfig, TelemetrySettings
 from tests.background import background_of
+from tests.browser import chromium, screenshot
 from tests.required import unavailable
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import request, sse_events
 from tests.telemetry.phoenix import PHOENIX, Phoenix, start_phoenix
+from tests.waiting import wait_until
 
 STORE = "phoenix-store"
 PROJECT = "pagedserve"  # the service name, which the spans' resource names as their OpenInference project
@@ -126,3 +129,26 @@ def test_a_streamed_run_is_stored_in_phoenix(phoenix: Phoenix, files: ModelFiles
     served = [s["attributes"]["pagedserve.step.request_spans"] for s in steps]
     assert all(served) and {span_id for ids in served for span_id in ids} == set(requests)
     assert max(len(ids) for ids in served) > 1  # requests batched together, each step linked to all it served
+
+
+def test_phoenix_shows_the_run_in_its_ui(phoenix: Phoenix) -> None:
+    """What a user opening Phoenix sees, after the test above stored the run: the project's spans, filtered to
+    its LLM spans (the requests), each listed with its kind, prompt and completion."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415 - only with the browser there
+    from selenium.webdriver.common.keys import Keys  # noqa: PLC0415
+
+    if PROJECT not in projects(phoenix):
+        pytest.fail("the store test above stores the run this one looks at: run the module, not this test alone")
+    (project,) = [p for p in phoenix.get("/v1/projects")["data"] if p["name"] == PROJECT]
+    with chromium("the Phoenix UI check") as browser:
+        browser.get(f"{phoenix.url}/projects/{project['id']}/spans")
+        text = lambda: str(browser.execute_script("return document.body.innerText"))  # noqa: E731
+        wait_until(lambda: "llm.engine_step" in text() or "llm.request" in text(), 90, "Phoenix's span list")
+        box = browser.find_element(By.CSS_SELECTOR, ".cm-content")  # the span filter (a CodeMirror editor)
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("span_kind == 'LLM'", Keys.ENTER)
+        wait_until(lambda: "llm.request" in text() and "llm.engine_step" not in text(), 60,
+                   "the filtered list: only the requests' LLM spans")
+        screenshot(browser, "phoenix.png")
+        assert f"Total Traces\n{REQUESTS}\n" in text()  # the filtered project's count: one per request
+        assert "Request 4" in text() and "how does" in text()  # recorded prompts, in the list's input column
