@@ -1,13 +1,17 @@
 """The HTTP service's own overhead: tokens/s streamed over SSE with the zero-cost sim backend.
 
     python -m bench.service_overhead [--streams 64] [--duration 10] [--max-tokens 256] [--endpoint chat]
-                                     [--profile server.prof]
+                                     [--profile server.prof] [--viewers 1 --rounds 3]
 
 The server runs as a subprocess (`pagedserve serve --backend sim --sim-profile zero`, optionally under
 cProfile); this process is the load generator: `--streams` concurrent streaming requests, each worker
 starting a new one as soon as its last ends, for `--duration` seconds. Completion tokens are counted from
 each stream's usage chunk. For reference it also measures the engine alone (the offline API, no HTTP) on
 the same workload, and with --profile it prints where the server's time went, grouped by package.
+
+With --viewers N, the measured window runs --rounds times with no dashboard viewer and --rounds times with N
+viewers reading GET /dashboard/events, interleaved on the same server, and prints both throughputs and each step
+record's delay from the step's end to its arrival at a viewer (p50/p95/p99), and the records dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+
+from bench.stats import pct
 
 PROMPT = "Hello"
 SERVER_FLAGS = ["--backend", "sim", "--sim-profile", "zero", "--port", "0", "--num-blocks", "8192",
@@ -156,6 +162,75 @@ async def run_load(url: str, endpoint: str, streams: int, duration: float, max_t
         return LoadResult(totals[0], totals[1], totals[2], time.perf_counter() - start)
 
 
+# --- dashboard viewers -------------------------------------------------------------------------------
+@dataclass
+class ViewerLog:
+    delays: list[float]  # seconds from each step record's end to its arrival
+    dropped: int = 0
+
+
+async def view(url: str, stop_at: float, log: ViewerLog) -> None:
+    """A dashboard viewer: reads the feed until stop_at, noting each step record's delay."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session, \
+            session.get(url + "/dashboard/events") as resp:
+        resp.raise_for_status()
+        event = b""
+        while time.time() < stop_at:
+            line = await resp.content.readline()
+            if line.startswith(b"event: "):
+                event = line[7:].strip()
+            elif line.startswith(b"data: ") and event == b"step":
+                log.delays.append(time.time() - float(re.search(rb'"end":([0-9.e+]+)', line).group(1)))  # type: ignore[union-attr]
+            elif line.startswith(b"data: ") and event == b"dropped":
+                log.dropped = int(re.search(rb"\d+", line).group(0))  # type: ignore[union-attr]
+
+
+async def load_with_viewers(url: str, args: argparse.Namespace, viewers: int) -> tuple[LoadResult, ViewerLog]:
+    log = ViewerLog([])
+    stop_at = time.time() + args.duration
+    watching = [asyncio.create_task(view(url, stop_at, log)) for _ in range(viewers)]
+    await asyncio.sleep(0.2 if viewers else 0)  # connected before the load starts
+    result = await run_load(url, args.endpoint, args.streams, args.duration, args.max_tokens)
+    for task in watching:
+        task.cancel()
+    await asyncio.gather(*watching, return_exceptions=True)
+    return result, log
+
+
+def compare_viewers(proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace) -> None:
+    """Rounds with no viewer and with args.viewers, interleaved; throughput of each and the records' delays."""
+    rates: dict[int, list[float]] = {0: [], args.viewers: []}
+    cpu_us: dict[int, list[float]] = {0: [], args.viewers: []}  # server CPU per token
+    log = ViewerLog([])
+    for _ in range(args.rounds):
+        for viewers in (0, args.viewers):
+            before = cpu_seconds(proc.pid)
+            result, seen = asyncio.run(load_with_viewers(url, args, viewers))
+            rates[viewers].append(result.tokens_per_s)
+            cpu_us[viewers].append((cpu_seconds(proc.pid) - before) / result.tokens * 1e6)
+            log.delays += seen.delays
+            log.dropped += seen.dropped
+    alone, watched = (_median(rates[v]) for v in (0, args.viewers))
+    print(f"{args.streams} streams, {args.rounds} rounds of {args.duration:g} s each way, medians: "
+          f"{alone:,.0f} tokens/s with no viewer, {watched:,.0f} with {args.viewers} "
+          f"({watched / alone - 1:+.1%}); each way: {_rates(rates[0])} | {_rates(rates[args.viewers])}")
+    alone, watched = (_median(cpu_us[v]) for v in (0, args.viewers))
+    print(f"server CPU per token, medians: {alone:.2f} us with no viewer, {watched:.2f} us with {args.viewers} "
+          f"({watched / alone - 1:+.1%})")
+    delays = [d * 1e3 for d in log.delays]
+    print(f"step records seen: {len(delays)}, dropped: {log.dropped}; delay from a step's end to a viewer, ms: "
+          f"p50 {pct(delays, 0.5):.1f}, p95 {pct(delays, 0.95):.1f}, p99 {pct(delays, 0.99):.1f}, "
+          f"max {max(delays):.1f}")
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _rates(values: list[float]) -> str:
+    return ", ".join(f"{v:,.0f}" for v in values)
+
+
 # --- the engine alone, for reference ---------------------------------------------------------------
 def engine_only(streams: int, max_tokens: int, rounds: int) -> tuple[float, float]:
     """(tokens per wall second, tokens per CPU second) of the offline API on the same workload."""
@@ -215,6 +290,8 @@ def main() -> None:
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     parser.add_argument("--profile", type=Path, default=None, help="run the server under cProfile, save here")
     parser.add_argument("--skip-engine-baseline", action="store_true")
+    parser.add_argument("--viewers", type=int, default=0, help="compare with this many dashboard viewers")
+    parser.add_argument("--rounds", type=int, default=3, help="with --viewers: rounds each way, interleaved")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="passed on to `pagedserve serve` (repeat; e.g. --server-arg=--max-stream-events-per-s=0)")
     args = parser.parse_args()
@@ -224,6 +301,9 @@ def main() -> None:
     proc, url = start_server(args.profile, log, args.server_arg)
     try:
         asyncio.run(run_load(url, args.endpoint, args.streams, 1.0, args.max_tokens))  # warm-up
+        if args.viewers:
+            compare_viewers(proc, url, args)
+            return
         result = measure(proc, url, args)
     finally:
         proc.terminate()

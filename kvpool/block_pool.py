@@ -113,6 +113,16 @@ class BlockPool:
         self.num_cached_free -= 1
         self.evictions += 1
 
+    def state_map(self) -> str:
+        """One character per block id, in order: '.' free, 'c' free holding a cached prefix (reusable), 'u' used
+        by one table, 's' shared by several. What the live dashboard draws: O(blocks), built only when asked."""
+        refs = self.ref_counts
+        states = ["s" if ref > 1 else "u" if ref else "." for ref in refs]
+        for block in self.cached.values():  # exactly the blocks that hold a hash
+            if not refs[block]:
+                states[block] = "c"
+        return "".join(states)
+
     def reset_hashes(self) -> None:
         """Forget every cached prefix; blocks in use keep their content but can no longer be hit."""
         for block in self.cached.values():

@@ -164,6 +164,9 @@ class BlockTables(ABC):
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._table(seq_id).blocks)
 
+    def block_map(self) -> str:
+        return self._pool.state_map()
+
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self._tables
 

@@ -20,6 +20,7 @@ class KVCacheManager(Protocol):
     - `take_block_copies()`: the (src, dst) copies that forks' copy-on-write queued; the backend runs them
       before the step's KV writes.
     - `fork()` shares a table with a new sequence; `free()` gives a table's blocks back.
+    - `block_map()` is every block's state, for the live dashboard and /metrics' cached and shared counts;
     - `stats()` is the read-only snapshot metrics read; `check_invariants()` checks the bookkeeping, O(blocks).
     """
 
@@ -50,6 +51,10 @@ class KVCacheManager(Protocol):
     def has_sequence(self, seq_id: int) -> bool: ...
 
     def block_table(self, seq_id: int) -> list[int]: ...
+
+    def block_map(self) -> str:
+        """Each block's state, one character per block id: see BlockPool.state_map."""
+        ...
 
     def reset_prefix_cache(self) -> None: ...
 

@@ -13,6 +13,7 @@ from backends.base import Backend, StepOutput
 from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig
+from scheduler.engine_view import EngineViews
 from scheduler.errors import (
     GRAMMAR_FAILED,
     KV_CACHE_EXHAUSTED,
@@ -55,6 +56,7 @@ class EngineStats:
     num_waiting: int
     num_requests: int
     kv: KVStats
+    kv_shared_blocks: int = 0  # used blocks shared by more than one sequence (an O(blocks) count: per scrape)
 
 
 class EngineCore:
@@ -77,6 +79,7 @@ class EngineCore:
         self.observer.itl_target(self._itl_limit_s)
         self.clock = clock
         self.requests: dict[str, RequestState] = {}
+        self.views = EngineViews(self.scheduler, kv, self.requests, config.max_num_seqs)  # the live dashboard's
         self.accepting = True
         self._seq_ids = itertools.count()
 
@@ -236,6 +239,7 @@ class EngineCore:
             self.abort(request_id, f"the output could not follow its grammar: {why}", GRAMMAR_FAILED)
         if broken:
             self.observer.step_failed("output_processing")
+        self.views.step(plan, self._planned_at, end)
         return list(broken)
 
     def _publish(self, touched: dict[str, RequestState], end: float) -> tuple[list[int], frozenset[str]]:
@@ -276,6 +280,7 @@ class EngineCore:
         self.requests.pop(state.request.request_id, None)
         state.error = error
         close_aborted(state, error, code)
+        self.views.ended(state)
         self.observer.request_finished(RequestRecord(
             state.request.request_id, state.request.arrival_time, self.clock(), state.finish_reason,
             len(state.request.prompt_token_ids), state.completion_tokens, state.cached_tokens,
@@ -293,4 +298,4 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.requests),
-                           self.kv.stats())
+                           self.kv.stats(), self.kv.block_map().count("s"))

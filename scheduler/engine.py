@@ -22,6 +22,7 @@ from backends.base import Backend, StepBatch, StepOutput
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore, EngineStats
+from scheduler.engine_view import EngineSnapshot, StepWatcher
 from scheduler.errors import ENGINE_FAILED, EngineStoppedError
 from scheduler.guided import GuideFactory
 from scheduler.output_processor import TokenizerLike
@@ -112,6 +113,14 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    def watch(self, watcher: StepWatcher | None) -> None:
+        """Hand every step's view to `watcher` while it says someone watches (the live dashboard); None: stop."""
+        self.core.views.watcher = watcher
+
+    def snapshot(self) -> EngineSnapshot:
+        """Everything in flight now, for a viewer that just connected."""
+        return self.core.views.snapshot()
+
     def degraded(self) -> str | None:
         """Why /health should send traffic elsewhere now (most recent steps failed, or one is stalled)."""
         return self.health.problem()
@@ -128,6 +137,7 @@ class Engine:
 
     async def _next(self) -> None:
         if not self.core.has_work:
+            self.core.views.idle()
             self._wake.clear()
             await self._wake.wait()
             return

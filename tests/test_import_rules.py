@@ -14,8 +14,8 @@ from tests.import_graph import Import, find_modules, graph, module_cycles
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("service", "scheduler", "kvpool", "backends", "telemetry", "bench")
-SERVICE_PARTS = ("service.cli", "service.app", "service.routes", "service.generation", "service.http", "service.openai",
-                 "service.config")
+SERVICE_PARTS = ("service.cli", "service.app", "service.dashboard", "service.routes", "service.generation",
+                 "service.http", "service.openai", "service.config")
 PARTS = ("bench.loadgen", *SERVICE_PARTS, "service", "scheduler", "kvpool", "backends", "telemetry",
          "bench")  # most specific first
 BELOW_SERVICE = ("scheduler", "backends", "kvpool", "telemetry")
@@ -27,11 +27,14 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "backends": ("kvpool",),
     # the backend contract (steps, outputs, step cost), never a backend; telemetry only through its interface
     "scheduler": ("kvpool", "backends.base", "backends.step_shape", "telemetry.interface"),
-    # service/ imports downwards: cli -> app -> routes -> (generation, http) -> openai -> config
+    # service/ imports downwards: cli -> app -> (dashboard ->) routes -> (generation, http) -> openai -> config
     "service": ("service.cli",),  # `python -m service`
     "service.cli": ("service.app", "service.config", *BELOW_SERVICE),
-    "service.app": ("service.routes", "service.generation", "service.http", "service.openai", "service.config",
-                    *BELOW_SERVICE),
+    "service.app": ("service.dashboard", "service.routes", "service.generation", "service.http", "service.openai",
+                    "service.config", *BELOW_SERVICE),
+    # the live view: its own routes beside the API's, reading the engine's views (scheduler/engine_view.py)
+    "service.dashboard": ("service.routes.common", "service.generation", "service.openai", "service.config",
+                          *BELOW_SERVICE),
     "service.routes": ("service.generation", "service.http", "service.openai", "service.config", *BELOW_SERVICE),
     "service.generation": ("service.openai", "service.config", *BELOW_SERVICE),  # no plumbing, no routes
     # the plumbing knows OpenAI's API only by the error shape every answer uses, and the API imports no plumbing

@@ -50,6 +50,12 @@ def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:
     blocks.add_metric(["used"], kv.used_blocks if kv is not None else 0)
     blocks.add_metric(["free"], kv.free_blocks if kv is not None else 0)
     yield blocks
+    yield GaugeMetricFamily(PREFIX + "kv_cache_blocks_cached", "Free KV cache blocks that still hold a prefix a "
+                            "prompt can reuse (counted in kv_cache_blocks{state=\"free\"})",
+                            value=kv.cached_free_blocks if kv is not None else 0)
+    yield GaugeMetricFamily(PREFIX + "kv_cache_blocks_shared", "KV cache blocks in use by more than one sequence "
+                            "(counted in kv_cache_blocks{state=\"used\"})",
+                            value=stats.kv_shared_blocks if stats is not None else 0)
 
 
 def create_registry(state: ServerState) -> tuple[CollectorRegistry, Counter]:

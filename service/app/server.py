@@ -42,6 +42,8 @@ from service.app.openapi import openapi_document
 from service.app.own_thread import run_in_own_thread
 from service.config.command import ConfigCommand, config_from, setup_logging
 from service.config.settings import AppConfig, telemetry_config
+from service.dashboard.feed import DashboardFeed
+from service.dashboard.routes import FEED_KEY, add_dashboard
 from service.generation.state import (
     CONFIG_KEY,
     ENCODER_KEY,
@@ -132,6 +134,8 @@ def create_app(config: AppConfig, build: RuntimeBuilder | None = None) -> web.Ap
     app[ENCODER_KEY] = PromptEncoder(config.service.tokenizer_threads, config.service.tokenizer_queue)
     app.cleanup_ctx.append(_lifecycle(build or build_runtime))
     _add_routes(app)
+    if config.service.dashboard:
+        add_dashboard(app, DashboardFeed(registry))
     return app
 
 
@@ -227,6 +231,8 @@ async def stop_engine(app: web.Application, drain_timeout: float) -> None:
     """Stop admitting at once (503), let in-flight requests run up to drain_timeout, abort the rest."""
     state = app[STATE_KEY]
     state.stop_watching()
+    if FEED_KEY in app:  # the dashboard's streams end; a page reconnects to whatever serves next
+        app[FEED_KEY].close()
     if state.runtime is None or state.phase is Phase.STOPPED:
         state.phase = Phase.STOPPED if state.phase is not Phase.FAILED else state.phase
         return

@@ -74,6 +74,8 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "service.cors_allow_origins": SettingDoc("an origin browsers may call from (https://host[:port]), or \"*\" "
                                              "for any (then without credentials); may be repeated, each also "
                                              "a comma-separated list", default="none (no CORS headers)"),
+    "service.dashboard": SettingDoc("serve the live view of the engine: GET /dashboard, and its feed GET "
+                                    "/dashboard/events (behind the API key); off: both answer 404"),
     "backend.name": SettingDoc("the backend that runs the model", values="numpy, cupy, sim or a plugin's name"),
     "backend.model": SettingDoc("the model: a GGUF file, or a Hugging Face checkpoint directory (config.json, "
                                 "safetensors, tokenizer.json)", values="path or none",

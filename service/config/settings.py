@@ -100,6 +100,7 @@ class ServiceConfig:
     log_level: str = "info"
     preset: str | None = None  # one of PRESETS, applied under every setting given explicitly
     cors_allow_origins: tuple[str, ...] = ()  # empty: no CORS headers; "*": any origin, never with credentials
+    dashboard: bool = True  # GET /dashboard, the live view of the engine, and its feed GET /dashboard/events
 
     @property
     def chat_limits(self) -> ChatLimits:

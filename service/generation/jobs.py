@@ -79,9 +79,9 @@ def submit_all(engine: EngineLike, job: Job) -> list[RequestStream]:
     try:
         for i, ids in enumerate(job.prompts):
             base = job.ident.engine_id or job.ident.id
-            rid = base if len(job.prompts) == 1 else f"{base}-{i}"
+            rid, public = (base, job.ident.id) if len(job.prompts) == 1 else (f"{base}-{i}", f"{job.ident.id}-{i}")
             trace = job.trace_contexts[i] if job.trace_contexts else None
-            request = EngineRequest(rid, ids, job.params, job.priority, trace_context=trace)
+            request = EngineRequest(rid, ids, job.params, job.priority, trace_context=trace, public_id=public)
             streams.append(engine.submit(request))
     except SchedulerError as exc:
         for stream in streams:

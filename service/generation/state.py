@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from backends.model.chat_template import ChatTemplate
 from backends.model.tokenizer import Tokenizer
 from scheduler.core import EngineStats
+from scheduler.engine_view import EngineSnapshot, StepWatcher
 from scheduler.guided import GuideFactory
 from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
@@ -59,6 +60,10 @@ class EngineLike(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def wait_failed(self) -> str: ...
+
+    def watch(self, watcher: StepWatcher | None) -> None: ...
+
+    def snapshot(self) -> EngineSnapshot: ...
 
     def degraded(self) -> str | None:
         """Why recent steps say the engine is not serving well (mostly failing, or stalled); None while sound."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from service.config.settings import ConfigError, ServiceConfig
 
 TOKEN_ROUTES = ("/tokenize", "/detokenize")
+DASHBOARD_FEED = "/dashboard/events"  # the dashboard's data; its page (GET /dashboard) holds none and stays open
 
 
 def load_keys(config: ServiceConfig) -> tuple[bytes, ...]:
@@ -47,6 +48,6 @@ def bearer_token(header: str | None) -> bytes | None:
 
 
 def needs_key(path: str) -> bool:
-    """The routes that need a key when keys are configured: the API (/v1/*) and the token routes; /health,
-    /metrics and /openapi.json stay open for load balancers, scrapers and tools."""
-    return path.startswith("/v1/") or path in TOKEN_ROUTES
+    """The routes that need a key when keys are configured: the API (/v1/*), the token routes and the dashboard's
+    feed; /health, /metrics and /openapi.json stay open for load balancers, scrapers and tools."""
+    return path.startswith("/v1/") or path in TOKEN_ROUTES or path == DASHBOARD_FEED

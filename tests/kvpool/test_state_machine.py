@@ -6,6 +6,8 @@ someone else's block, a stale prefix hit, a missed copy) shows up as a sequence 
 own tokens.
 """
 
+from collections import Counter
+
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -178,6 +180,19 @@ class KVPoolMachine(RuleBasedStateMachine):
             covered = range(num_tokens(self.manager, seq_id))
             held = [self.kv.get(table[p // size] * size + p % size) for p in covered]
             assert held == tokens[: len(held)], f"seq {seq_id}"
+
+    @invariant()
+    def block_map_counts_the_tables(self) -> None:
+        """The dashboard's map: a block in one table 'u', in several 's'; a free one 'c' when it holds a cached
+        prefix (as many as the pool's count of them), else '.'."""
+        tables = Counter(block for table in self.mirror.values() for block in table)
+        states = self.manager.block_map()
+        assert len(states) == self.num_blocks
+        for block, state in enumerate(states):
+            held = tables[block]
+            assert state == ("s" if held > 1 else "u" if held else state if state in ".c" else "?"), block
+        assert states.count("c") == self.manager.stats().cached_free_blocks
+        assert self.caching or "c" not in states
 
     def teardown(self) -> None:
         for seq_id in list(self.tokens):

@@ -47,16 +47,17 @@ def cached_builder(files: ModelFiles) -> RuntimeBuilder:
 
 
 class LiveServer:
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application, port: int = 0) -> None:
         self.app = app
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        self.runner, self.url = self.run(start_site(app, "127.0.0.1", 0))
+        self.runner, self.url = self.run(start_site(app, "127.0.0.1", port))
 
     @classmethod
-    def start(cls, config: AppConfig, build: RuntimeBuilder, timeout: float = 60.0) -> LiveServer:
-        server = cls(create_app(config, build))
+    def start(cls, config: AppConfig, build: RuntimeBuilder, timeout: float = 60.0, port: int = 0) -> LiveServer:
+        """port: 0 for any free one; a restarted server takes its predecessor's."""
+        server = cls(create_app(config, build), port)
         server.run(server.state.settled.wait(), timeout)
         assert server.state.phase is Phase.READY, server.state.failure
         return server
