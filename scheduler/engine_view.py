@@ -163,6 +163,7 @@ class EngineViews:
         self._scheduler, self._kv, self._requests, self._max_num_seqs = scheduler, kv, requests, max_num_seqs
         self._ended: list[FinishedView] = []
         self._ended_ids: dict[str, str] = {}  # the shown ids of those, by engine id
+        self._names: dict[str, str] = {}  # engine id -> shown id, of the requests in views since someone watched
         self._last_step = 0
         self._last_detail = 0.0  # monotonic time of the last view with a Detail
         self._unreported = False  # something changed since the last view
@@ -187,13 +188,15 @@ class EngineViews:
         clock): its view to the watcher, when someone watches."""
         self._last_step = plan.step_id
         if self.watcher is None or not self.watcher.watching:
+            if self._names:  # nobody watches any more: the ends that would have taken names out go unseen
+                self._names.clear()
             return
         now, scheduler = time.time(), self._scheduler
         self.watcher.publish("step", StepView(
             plan.step_id, now - (end - started), now, (end - started) * 1e3, plan.predicted_s * 1e3,
             scheduler.itl_limit_s * 1e3, plan.prefill_tokens, plan.decode_tokens, self._rows(plan),
             KVCounts.of(self._kv), len(scheduler.running), len(scheduler.waiting),
-            list(dict.fromkeys(self._shown(seq) for seq in plan.preempted)), self._take_ended(),
+            list(dict.fromkeys(self._name(seq.request_id) for seq in plan.preempted)), self._take_ended(),
             self._detail() if time.monotonic() - self._last_detail >= DETAIL_INTERVAL_S else None))
         self._unreported = False
 
@@ -216,13 +219,14 @@ class EngineViews:
 
     def _take_ended(self) -> list[FinishedView]:
         ended, self._ended = self._ended, []
+        for request_id in self._ended_ids:
+            self._names.pop(request_id, None)
         self._ended_ids = {}
         return ended
 
     def _rows(self, plan: SchedulerPlan) -> Rows:
-        requests, ended = self._requests, self._ended_ids
-        ids = [requests[seq.request_id].request.shown_id if seq.request_id in requests
-               else ended.get(seq.request_id, seq.request_id) for seq in plan.seqs]  # inline: once per row
+        names = self._names
+        ids = [names.get(seq.request_id) or self._name(seq.request_id) for seq in plan.seqs]
         phase = bytearray(b"d" * len(ids))
         for i in plan.prefill:
             phase[i] = ord("p")
@@ -232,8 +236,8 @@ class EngineViews:
     def _detail(self) -> Detail:
         self._last_detail = time.monotonic()
         waiting, now = self._scheduler.waiting, time.monotonic()
-        queue = [QueueEntry(self._shown(seq), seq.prompt_len, (now - seq.arrival_time) * 1e3, seq.num_preemptions > 0)
-                 for seq in itertools.islice(waiting, QUEUE_SHOWN)]
+        queue = [QueueEntry(self._name(seq.request_id), seq.prompt_len, (now - seq.arrival_time) * 1e3,
+                            seq.num_preemptions > 0) for seq in itertools.islice(waiting, QUEUE_SHOWN)]
         states = self._kv.block_map()
         return Detail(states, states.count("s"), self._tables(), queue, len(waiting) - len(queue),
                       sum(1 for seq in waiting if seq.num_preemptions))
@@ -242,15 +246,16 @@ class EngineViews:
         tables: dict[str, list[int]] = {}
         for seq in self._scheduler.running:
             if self._kv.has_sequence(seq.seq_id):
-                tables.setdefault(self._shown(seq), []).extend(self._kv.block_table(seq.seq_id))
+                tables.setdefault(self._name(seq.request_id), []).extend(self._kv.block_table(seq.seq_id))
         return tables
 
-    def _shown(self, seq: Sequence) -> str:
-        """The id the dashboard shows: the one the request's response carries."""
-        state = self._requests.get(seq.request_id)
-        if state is not None:
-            return state.request.shown_id
-        return self._ended_ids.get(seq.request_id, seq.request_id)  # it ended in this step
+    def _name(self, request_id: str) -> str:
+        """The id the dashboard shows for an engine id, the one the request's response carries (kept: a step's
+        rows look up every running request's)."""
+        state = self._requests.get(request_id)
+        shown = state.request.shown_id if state is not None else self._ended_ids.get(request_id, request_id)
+        self._names[request_id] = shown
+        return shown
 
     def _lane(self, state: RequestState) -> LaneView:
         request = state.request

@@ -20,6 +20,9 @@ from telemetry.metrics import PREFIX
 CAPACITY = 256  # records a viewer may fall behind by before its oldest are dropped
 MAX_VIEWERS = 16
 HEARTBEAT_S = 15.0  # a comment line this often while nothing happens keeps proxies from closing the stream
+# A viewer's records are written together at most this often: steps of a millisecond or two would otherwise cost a
+# task wake-up and a socket write each, on the engine's event loop. Well inside the 100 ms a page may lag.
+COALESCE_S = 0.025
 
 
 class TooManyViewersError(Exception):
@@ -56,14 +59,15 @@ class Viewer:
         self._ready.set()
 
     async def chunks(self, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[bytes]:
-        """What to write next: the records pending (after a `dropped` event when some were lost), or a heartbeat
-        comment after heartbeat_s of nothing; ends when the feed closes."""
+        """What to write next: the records pending (after a `dropped` event when some were lost), gathered for up to
+        COALESCE_S, or a heartbeat comment after heartbeat_s of nothing; ends when the feed closes."""
         while not self.closed:
             try:
                 await asyncio.wait_for(self._ready.wait(), heartbeat_s)
             except TimeoutError:
                 yield b": ping\n\n"
                 continue
+            await asyncio.sleep(COALESCE_S)
             self._ready.clear()
             if self.closed:
                 return
