@@ -166,7 +166,7 @@ class EngineViews:
         self._names: dict[str, str] = {}  # engine id -> shown id, of the requests in views since someone watched
         self._last_step = 0
         self._last_detail = 0.0  # monotonic time of the last view with a Detail
-        self._unreported = False  # something changed since the last view
+        self._unreported = False  # something changed since the last view with a Detail
 
     @property
     def watching(self) -> bool:
@@ -192,16 +192,17 @@ class EngineViews:
                 self._names.clear()
             return
         now, scheduler = time.time(), self._scheduler
+        detail = self._detail() if time.monotonic() - self._last_detail >= DETAIL_INTERVAL_S else None
         self.watcher.publish("step", StepView(
             plan.step_id, now - (end - started), now, (end - started) * 1e3, plan.predicted_s * 1e3,
             scheduler.itl_limit_s * 1e3, plan.prefill_tokens, plan.decode_tokens, self._rows(plan),
             KVCounts.of(self._kv), len(scheduler.running), len(scheduler.waiting),
-            list(dict.fromkeys(self._name(seq.request_id) for seq in plan.preempted)), self._take_ended(),
-            self._detail() if time.monotonic() - self._last_detail >= DETAIL_INTERVAL_S else None))
-        self._unreported = False
+            list(dict.fromkeys(self._name(seq.request_id) for seq in plan.preempted)), self._take_ended(), detail))
+        self._unreported = detail is None  # the page's block map and queue are older than this step
 
     def idle(self) -> None:
-        """The engine has run out of work: its resting state, once, if anything changed since the last view."""
+        """The engine has run out of work: its resting state, once, if anything changed since the last view with a
+        Detail (so a page at rest shows the block map and queue as they are)."""
         if not self._unreported or self.watcher is None or not self.watcher.watching:
             return
         scheduler = self._scheduler

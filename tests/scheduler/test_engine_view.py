@@ -194,3 +194,9 @@ def test_the_detail_comes_at_most_every_interval(monkeypatch: pytest.MonkeyPatch
         plan = core.plan()
         core.commit(plan, backend.execute(plan.batch), core.clock())  # type: ignore[arg-type]
     assert [v.detail is not None for v in recorder.steps()] == [True, False, False, True, False, True]
+    core.views.idle()  # the last step carried a detail, and nothing changed since: no idle view
+    plan = core.plan()
+    core.commit(plan, backend.execute(plan.batch), core.clock())  # type: ignore[arg-type]
+    assert recorder.steps()[-1].detail is None
+    core.views.idle()  # the page's block map is a step old: the idle view brings it up to date
+    assert [e for e, _ in recorder.views].count("idle") == 1

@@ -23,7 +23,7 @@ from kvpool import KVPoolConfig
 from scheduler.config import SchedulerConfig
 from service.config.settings import AppConfig, ServiceConfig
 from tests.browser import chromium, console_problems, screenshot
-from tests.service.live import LiveServer, cached_builder
+from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import request
 from tests.waiting import wait_until
 
@@ -48,10 +48,11 @@ class Load:
     """Streams of completions in threads, each starting its next as its last ends, until stopped; their prompts
     share a first block or two (the prefix cache shares them) and there are more streams than rows (a queue)."""
 
-    def __init__(self, url: str, model: str, streams: int) -> None:
+    def __init__(self, url: str, model: str, streams: int, max_tokens: int = 24) -> None:
         self.api = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        self.model, self.stop = model, threading.Event()
+        self.model, self.stop, self.max_tokens = model, threading.Event(), max_tokens
         self.errors: list[Exception] = []
+        self.done = 0  # requests completed (a += from several threads: a count, not a check)
         self.threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(streams)]
         for thread in self.threads:
             thread.start()
@@ -60,7 +61,8 @@ class Load:
         while not self.stop.is_set():
             try:
                 self.api.completions.create(model=self.model, prompt=f"{SYSTEM}Story {index}: once upon a time",
-                                            max_tokens=24 + 8 * index, temperature=0.8)
+                                            max_tokens=self.max_tokens + 8 * index, temperature=0.8)
+                self.done += 1
             except Exception as exc:  # noqa: BLE001 - kept, then asserted empty
                 self.errors.append(exc)
                 return
@@ -150,3 +152,40 @@ def test_the_dashboard_shows_a_live_server_in_chromium(browser: Any, model_files
     # while the server was down, the page's retries failed to connect, which Chromium logs: nothing else
     assert [e for e in console_problems(browser) if "/dashboard/events" not in e["message"]] == []
     assert page_state(browser)["errors"] == []
+
+
+def page_sizes(driver: Any) -> dict[str, int]:
+    return dict(driver.execute_script(
+        "const d = window.pagedserveDashboard; return {records: d.records, lanes: d.lanes().length, "
+        "open: d.lanes().filter(l => !['finished', 'aborted'].includes(l.state)).length, "
+        "rows: document.querySelectorAll('#lanes > .lane').length, steps: d.stepsKept(), "
+        "heap: Math.round(performance.memory.usedJSHeapSize / 2 ** 20)};"))
+
+
+@pytest.mark.slow
+def test_the_page_stays_bounded_under_a_fast_feed(browser: Any, model_files: ModelFiles) -> None:
+    """A busy server's feed, fast: zero-cost steps, hundreds of records and dozens of short requests a second.
+    Whatever ran before, the page holds every request in flight plus the last 100 ended (in memory and in its
+    DOM) and at most 600 steps, so a tab left open for hours holds no more; its heap stays small, and at rest its
+    lanes are all closed and its counts are the server's."""
+    server = LiveServer.start(sim_config(ServiceConfig(port=0, api_keys=(KEY,)), max_num_seqs=32),
+                              cached_builder(model_files))
+    try:
+        browser.get(f"{server.url}/dashboard#key={KEY}")
+        wait_until(lambda: text_of(browser, "status") == "live", 30, "the page connected")
+        load = Load(server.url, server.state.model_name, streams=24, max_tokens=4)
+        try:
+            wait_until(lambda: page_sizes(browser)["records"] > 3000, 120, "3000 step records on the page")
+            busy = page_sizes(browser)
+        finally:
+            load.close()
+        assert not load.errors
+        wait_until(lambda: page_sizes(browser)["open"] == 0, 30, "every lane closed once the load ended")
+        rest = page_sizes(browser)
+        wait_until(lambda: page_counts(browser) == kv_gauges(server.url), 15, "the counts at rest")
+    finally:
+        server.close()
+    assert busy["lanes"] <= busy["open"] + 100 and busy["rows"] == busy["lanes"] and busy["steps"] == 600
+    assert rest["lanes"] == rest["rows"] == 100 and load.done > 300  # the last 100 ended, of many more
+    assert rest["heap"] < 64, f"{rest['heap']} MiB of JavaScript heap"
+    assert [e for e in console_problems(browser)] == [] and page_state(browser)["errors"] == []

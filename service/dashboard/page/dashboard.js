@@ -58,6 +58,7 @@
     connected: false, records: 0, lastStep: 0,
     kv: { total: 0, used: 0, cached: 0, shared: 0, free: 0 },
     lanes: () => Array.from(lanes.values(), (l) => ({ id: l.id, state: l.state })),
+    stepsKept: () => steps.size,         // the timeline's ring buffer (at most STEPS_KEPT)
     highlight: null,                     // request whose blocks are highlighted in the grid
     highlighted: () => {                 // those blocks' ids
       const lane = lanes.get(hook.highlight);
