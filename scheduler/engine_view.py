@@ -12,10 +12,11 @@ times are Unix seconds, for a browser's clock, and durations milliseconds.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpool import KVCacheManager
 from scheduler.output_processor import RequestState
@@ -23,6 +24,7 @@ from scheduler.scheduler import Scheduler
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.step import SchedulerPlan
 
+log = logging.getLogger("pagedserve.engine")
 QUEUE_SHOWN = 64  # waiting sequences listed by name; the rest are counted
 DETAIL_INTERVAL_S = 0.1
 
@@ -174,8 +176,10 @@ class EngineViews:
 
     def ended(self, state: RequestState) -> None:
         """A request ended; reported with the next view."""
-        if not self.watching:
-            return
+        if self.watching:
+            _guarded(self._ended_one, state)
+
+    def _ended_one(self, state: RequestState) -> None:
         request = state.request
         ttft = None if state.first_token is None else (state.first_token - request.arrival_time) * 1e3
         self._ended_ids[request.request_id] = request.shown_id
@@ -191,6 +195,10 @@ class EngineViews:
             if self._names:  # nobody watches any more: the ends that would have taken names out go unseen
                 self._names.clear()
             return
+        _guarded(self._step_view, plan, started, end)
+
+    def _step_view(self, plan: SchedulerPlan, started: float, end: float) -> None:
+        assert self.watcher is not None
         now, scheduler = time.time(), self._scheduler
         detail = self._detail() if time.monotonic() - self._last_detail >= DETAIL_INTERVAL_S else None
         self.watcher.publish("step", StepView(
@@ -203,8 +211,11 @@ class EngineViews:
     def idle(self) -> None:
         """The engine has run out of work: its resting state, once, if anything changed since the last view with a
         Detail (so a page at rest shows the block map and queue as they are)."""
-        if not self._unreported or self.watcher is None or not self.watcher.watching:
-            return
+        if self._unreported and self.watcher is not None and self.watcher.watching:
+            _guarded(self._idle_view)
+
+    def _idle_view(self) -> None:
+        assert self.watcher is not None
         scheduler = self._scheduler
         self.watcher.publish("idle", IdleView(
             time.time(), self._last_step, scheduler.itl_limit_s * 1e3, KVCounts.of(self._kv), len(scheduler.running),
@@ -263,6 +274,14 @@ class EngineViews:
         arrival = time.time() - (time.monotonic() - request.arrival_time)
         return LaneView(request.shown_id, _phase(state.seqs[0]), len(request.prompt_token_ids),
                         state.completion_tokens, arrival)
+
+
+def _guarded(build: Callable[..., None], *args: Any) -> None:
+    """A view that fails to build is logged and lost: the dashboard must never fail the step it watches."""
+    try:
+        build(*args)
+    except Exception:  # any bug in a view: the engine goes on without it
+        log.exception("building the dashboard's view failed; the engine goes on without it")
 
 
 def _phase(seq: Sequence) -> str:

@@ -58,6 +58,10 @@ class Viewer:
         self.closed = True
         self._ready.set()
 
+    def forget_pending(self) -> None:
+        """The records queued so far are older than the snapshot about to be sent: the page starts from it."""
+        self._pending.clear()
+
     async def chunks(self, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[bytes]:
         """What to write next: the records pending (after a `dropped` event when some were lost), gathered for up to
         COALESCE_S, or a heartbeat comment after heartbeat_s of nothing; ends when the feed closes."""

@@ -58,7 +58,9 @@ async def events(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
-        await response.write(_hello(state, runtime))
+        hello = _hello(state, runtime)
+        viewer.forget_pending()  # steps that ended while the headers went out: the snapshot is newer
+        await response.write(hello)
         async for chunk in viewer.chunks():
             await response.write(chunk)
         return response

@@ -73,6 +73,25 @@ def test_nothing_is_built_while_nobody_watches(monkeypatch: pytest.MonkeyPatch) 
     assert not core.requests
 
 
+def test_a_view_that_fails_to_build_harms_no_request(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: object) -> KVCounts:
+        raise RuntimeError("a bug in a view")
+
+    monkeypatch.setattr(KVCounts, "of", classmethod(broken))
+    core = make_core(64, max_num_batched_tokens=16)
+    recorder = Recorder()
+    core.views.watcher = recorder
+    for i in range(3):
+        add(core, f"r{i}", prompt(i, 30))
+    streams = [core.requests[f"r{i}"].stream for i in range(3)]
+    run_until_idle(core)
+    assert recorder.views == [] and "building the dashboard's view failed" in caplog.text
+    outputs = [stream.take_finished() for stream in streams]
+    assert all(out.error is None and out.completion_tokens == 6 for out in outputs)
+    assert core.kv.stats().used_blocks == 0
+
+
 def test_each_step_view_is_its_plan_and_the_pool_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_view, "DETAIL_INTERVAL_S", 0.0)  # a detail with every step
     core = make_core(64, max_num_batched_tokens=16)  # 30-token prompts: prefilled in chunks beside decodes
