@@ -10,8 +10,9 @@ each stream's usage chunk. For reference it also measures the engine alone (the 
 the same workload, and with --profile it prints where the server's time went, grouped by package.
 
 With --viewers N, the measured window runs --rounds times with no dashboard viewer and --rounds times with N
-viewers reading GET /dashboard/events, interleaved on the same server, and prints both throughputs and each step
-record's delay from the step's end to its arrival at a viewer (p50/p95/p99), and the records dropped.
+viewers reading GET /dashboard/events (each a process of its own, as a browser would be), interleaved on the same
+server, and prints both throughputs, the server's CPU per token, each step record's delay from the step's end to
+its arrival at a viewer (p50/p95/p99), and the records dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import os
 import pstats
 import re
@@ -175,8 +177,11 @@ async def view(url: str, stop_at: float, log: ViewerLog) -> None:
             session.get(url + "/dashboard/events") as resp:
         resp.raise_for_status()
         event = b""
-        while time.time() < stop_at:
-            line = await resp.content.readline()
+        while (left := stop_at - time.time()) > 0:
+            try:
+                line = await asyncio.wait_for(resp.content.readline(), left)
+            except TimeoutError:
+                return
             if line.startswith(b"event: "):
                 event = line[7:].strip()
             elif line.startswith(b"data: ") and event == b"step":
@@ -185,15 +190,24 @@ async def view(url: str, stop_at: float, log: ViewerLog) -> None:
                 log.dropped = int(re.search(rb"\d+", line).group(0))  # type: ignore[union-attr]
 
 
-async def load_with_viewers(url: str, args: argparse.Namespace, viewers: int) -> tuple[LoadResult, ViewerLog]:
+def viewer_process(url: str, seconds: float) -> None:
+    """The viewer as a process of its own (its parsing kept out of the load generator's): JSON on stdout."""
     log = ViewerLog([])
-    stop_at = time.time() + args.duration
-    watching = [asyncio.create_task(view(url, stop_at, log)) for _ in range(viewers)]
-    await asyncio.sleep(0.2 if viewers else 0)  # connected before the load starts
+    asyncio.run(view(url, time.time() + seconds, log))
+    print(json.dumps({"delays": log.delays, "dropped": log.dropped}))
+
+
+async def load_with_viewers(url: str, args: argparse.Namespace, viewers: int) -> tuple[LoadResult, ViewerLog]:
+    watching = [await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.service_overhead", "--viewer", url, str(args.duration + 0.5),
+        stdout=asyncio.subprocess.PIPE) for _ in range(viewers)]
+    await asyncio.sleep(0.5 if viewers else 0)  # connected before the load starts
     result = await run_load(url, args.endpoint, args.streams, args.duration, args.max_tokens)
-    for task in watching:
-        task.cancel()
-    await asyncio.gather(*watching, return_exceptions=True)
+    log = ViewerLog([])
+    for process in watching:
+        seen = json.loads((await process.communicate())[0])
+        log.delays += seen["delays"]
+        log.dropped += seen["dropped"]
     return result, log
 
 
@@ -281,6 +295,9 @@ def _short(filename: str, name: str) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--viewer"]:  # a dashboard viewer of --viewers: <url> <seconds>
+        viewer_process(sys.argv[2], float(sys.argv[3]))
+        return
     if sys.argv[1:2] == ["--profiled-server"]:  # the server side of --profile: <out> -- <pagedserve args>
         sys.exit(profiled_server(Path(sys.argv[2]), sys.argv[4:]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
