@@ -41,6 +41,9 @@ def test_health_is_503_while_loading_then_200(gated: tuple[LiveServer, asyncio.E
     busy = post(server.url + "/v1/completions", {"prompt": "Hi"})
     assert busy.status == 503 and busy.error()["code"] == "model_loading" and "Retry-After" in busy.headers
     assert request("GET", server.url + "/v1/models").status == 200
+    assert request("GET", server.url + "/dashboard").status == 200  # the page, which then retries its feed:
+    feed = request("GET", server.url + "/dashboard/events")
+    assert feed.status == 503 and feed.error()["code"] == "model_loading" and "Retry-After" in feed.headers
     server.loop.call_soon_threadsafe(gate.set)
     server.run(server.state.settled.wait())
     assert request("GET", server.url + "/health").json() == {"status": "ready"}
