@@ -191,7 +191,7 @@ class EngineViews:
         """A step ended (`started`, `end`: when it was planned and when its tokens were out, on the engine's
         clock): its view to the watcher, when someone watches."""
         self._last_step = plan.step_id
-        if self.watcher is None or not self.watcher.watching:
+        if not self.watching:
             if self._names:  # nobody watches any more: the ends that would have taken names out go unseen
                 self._names.clear()
             return
@@ -211,7 +211,7 @@ class EngineViews:
     def idle(self) -> None:
         """The engine has run out of work: its resting state, once, if anything changed since the last view with a
         Detail (so a page at rest shows the block map and queue as they are)."""
-        if self._unreported and self.watcher is not None and self.watcher.watching:
+        if self._unreported and self.watching:
             _guarded(self._idle_view)
 
     def _idle_view(self) -> None:

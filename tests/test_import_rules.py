@@ -33,8 +33,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "service.app": ("service.dashboard", "service.routes", "service.generation", "service.http", "service.openai",
                     "service.config", *BELOW_SERVICE),
     # the live view: its own routes beside the API's, reading the engine's views (scheduler/engine_view.py)
-    "service.dashboard": ("service.routes.common", "service.generation", "service.openai", "service.config",
-                          *BELOW_SERVICE),
+    "service.dashboard": ("service.routes.common", "service.generation", "service.http", "service.openai",
+                          "service.config", *BELOW_SERVICE),
     "service.routes": ("service.generation", "service.http", "service.openai", "service.config", *BELOW_SERVICE),
     "service.generation": ("service.openai", "service.config", *BELOW_SERVICE),  # no plumbing, no routes
     # the plumbing knows OpenAI's API only by the error shape every answer uses, and the API imports no plumbing

@@ -14,12 +14,12 @@ from aiohttp.typedefs import Handler
 
 from service.dashboard.feed import DashboardFeed, TooManyViewersError, sse
 from service.generation.state import STATE_KEY, Runtime, ServerState
+from service.http.auth import DASHBOARD_FEED
 from service.openai.errors import APIError
 from service.routes.common import runtime_of
 
 FEED_KEY = web.AppKey("dashboard_feed", DashboardFeed)
 ASSETS = {"dashboard.html": "text/html", "dashboard.js": "text/javascript", "dashboard.css": "text/css"}
-EVENTS_PATH = "/dashboard/events"
 
 
 def add_dashboard(app: web.Application, feed: DashboardFeed) -> None:
@@ -28,7 +28,7 @@ def add_dashboard(app: web.Application, feed: DashboardFeed) -> None:
     for name, content_type in ASSETS.items():
         path = "/dashboard" if name == "dashboard.html" else f"/dashboard/{name}"
         app.router.add_get(path, _asset((page / name).read_bytes(), content_type))
-    app.router.add_get(EVENTS_PATH, events)
+    app.router.add_get(DASHBOARD_FEED, events)
     app.on_shutdown.append(_close_feed)  # before the server waits for its handlers: the feeds end first
 
 

@@ -20,8 +20,13 @@ from scheduler.config import SchedulerConfig
 from service.app.server import build_runtime, create_app, start_site
 from service.config.settings import AppConfig, ServiceConfig
 from service.generation.state import STATE_KEY, EngineLike, Phase, RuntimeBuilder, ServerState
+from tests.service.rawhttp import request
 
 T = TypeVar("T")
+# The KV pool's block counts as /metrics names them (service/app/metrics.py): free includes cached, used shared.
+KV_BLOCK_SERIES = {"used": 'pagedserve:kv_cache_blocks{state="used"}',
+                   "free": 'pagedserve:kv_cache_blocks{state="free"}',
+                   "cached": "pagedserve:kv_cache_blocks_cached", "shared": "pagedserve:kv_cache_blocks_shared"}
 
 
 def sim_config(service: ServiceConfig | None = None, profile: str = "zero", **scheduler: Any) -> AppConfig:
@@ -82,6 +87,17 @@ class LiveServer:
 
     def stats(self) -> Any:
         return self.call(self.engine.stats)
+
+    def metrics(self) -> dict[str, float]:
+        """Every series GET /metrics serves now, by its name and labels as written there."""
+        lines = request("GET", self.url + "/metrics").body.decode().splitlines()
+        return {name: float(value) for name, _, value in (line.rpartition(" ") for line in lines)
+                if name and not name.startswith("#")}
+
+    def kv_blocks(self) -> dict[str, int]:
+        """The KV pool's block counts as /metrics reports them: used, free, cached, shared."""
+        series = self.metrics()
+        return {state: int(series[name]) for state, name in KV_BLOCK_SERIES.items()}
 
     def close(self) -> None:
         self.run(self.runner.cleanup())

@@ -74,17 +74,12 @@ def client(server: LiveServer) -> OpenAI:
     return OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
 
 
-def gauges(server: LiveServer) -> dict[str, float]:
-    text = request("GET", server.url + "/metrics").body.decode()
-    wanted = {'pagedserve:kv_cache_blocks{state="used"}': "used", 'pagedserve:kv_cache_blocks{state="free"}': "free",
-              "pagedserve:kv_cache_blocks_cached": "cached", "pagedserve:kv_cache_blocks_shared": "shared",
-              "pagedserve:dashboard_records_dropped_total": "dropped", "pagedserve:dashboard_viewers": "viewers"}
-    found = {}
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in wanted:
-            found[wanted[name]] = float(value)
-    return found
+def viewers(server: LiveServer) -> float:
+    return server.metrics()["pagedserve:dashboard_viewers"]
+
+
+def dropped(server: LiveServer) -> float:
+    return server.metrics()["pagedserve:dashboard_records_dropped_total"]
 
 
 def test_the_page_is_open_and_the_feed_needs_the_key(server: LiveServer) -> None:
@@ -144,10 +139,10 @@ def test_at_rest_the_snapshot_counts_what_metrics_report(server: LiveServer) -> 
         _, hello = feed.next()
     finally:
         feed.close()
-    kv, states, metrics = hello["kv"], hello["detail"]["map"], gauges(server)
+    kv, states = hello["kv"], hello["detail"]["map"]
     assert kv["cached"] > 0  # the shared prompt's blocks stay in the prefix cache
     shown = {"used": kv["used"], "free": kv["free"], "cached": kv["cached"], "shared": hello["detail"]["shared"]}
-    assert {k: float(v) for k, v in shown.items()} == {k: metrics[k] for k in shown}
+    assert shown == server.kv_blocks()
     assert states.count("c") == kv["cached"] and kv["free"] == states.count(".") + kv["cached"]
 
 
@@ -164,10 +159,10 @@ def test_a_viewer_that_stops_reading_loses_records_and_stalls_nothing(server: Li
         return done.usage.completion_tokens if done.usage is not None else 0
 
     try:
-        wait_until(lambda: gauges(server)["viewers"] == 1, what="the stalled viewer connected")
-        before, rounds = gauges(server)["dropped"], 0
+        wait_until(lambda: viewers(server) == 1, what="the stalled viewer connected")
+        before, rounds = dropped(server), 0
         with ThreadPoolExecutor(32) as pool:  # rounds of 32 streams until the socket's buffers and then the
-            while gauges(server)["dropped"] == before:  # viewer's queue are full, and its oldest records go
+            while dropped(server) == before:  # viewer's queue are full, and its oldest records go
                 assert list(pool.map(one, range(32))) == [100] * 32  # every request served meanwhile
                 rounds += 1
                 assert rounds < 100, "the stalled viewer never lost a record"
@@ -175,7 +170,7 @@ def test_a_viewer_that_stops_reading_loses_records_and_stalls_nothing(server: Li
         assert b"event: dropped" in _read_some(stalled, 100_000_000)  # told, once it reads again
     finally:
         stalled.close()
-    wait_until(lambda: gauges(server)["viewers"] == 0, what="the viewer's departure")
+    wait_until(lambda: viewers(server) == 0, what="the viewer's departure")
     assert not server.call(lambda: server.app[FEED_KEY].watching)
 
 
@@ -198,7 +193,7 @@ def test_viewers_past_the_limit_get_429(server: LiveServer) -> None:
     finally:
         for f in feeds:
             f.close()
-    wait_until(lambda: gauges(server)["viewers"] == 0, what="the viewers' departure")
+    wait_until(lambda: viewers(server) == 0, what="the viewers' departure")
     assert request("GET", server.url + "/health").status == 200
 
 

@@ -24,7 +24,6 @@ from scheduler.config import SchedulerConfig
 from service.config.settings import AppConfig, ServiceConfig
 from tests.browser import chromium, console_problems, screenshot
 from tests.service.live import LiveServer, cached_builder, sim_config
-from tests.service.rawhttp import request
 from tests.waiting import wait_until
 
 KEY = "browser-key"
@@ -91,17 +90,6 @@ def lane_state(driver: Any, lane_id: str) -> str | None:
     return next((lane["state"] for lane in page_state(driver).get("lanes", []) if lane["id"] == lane_id), None)
 
 
-def kv_gauges(url: str) -> dict[str, int]:
-    names = {'pagedserve:kv_cache_blocks{state="used"}': "used", 'pagedserve:kv_cache_blocks{state="free"}': "free",
-             "pagedserve:kv_cache_blocks_cached": "cached", "pagedserve:kv_cache_blocks_shared": "shared"}
-    found = {}
-    for line in request("GET", url + "/metrics").body.decode().splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in names:
-            found[names[name]] = int(float(value))
-    return found
-
-
 def page_counts(driver: Any) -> dict[str, int]:
     return {name: int(text_of(driver, f"kv-{name}")) for name in ("used", "free", "cached", "shared")}
 
@@ -135,7 +123,7 @@ def test_the_dashboard_shows_a_live_server_in_chromium(browser: Any, model_files
         load.close()
     assert not load.errors
     wait_until(lambda: server.stats().num_requests == 0, 60, "the load's end")
-    wait_until(lambda: page_counts(browser) == kv_gauges(server.url), 15,
+    wait_until(lambda: page_counts(browser) == server.kv_blocks(), 15,
                "the block map's counts at rest equal to /metrics' KV gauges")
     assert page_counts(browser)["cached"] > 0  # the prompts' blocks stay cached: not an empty comparison
     port = urlsplit(server.url).port or 0
@@ -182,7 +170,7 @@ def test_the_page_stays_bounded_under_a_fast_feed(browser: Any, model_files: Mod
         assert not load.errors
         wait_until(lambda: page_sizes(browser)["open"] == 0, 30, "every lane closed once the load ended")
         rest = page_sizes(browser)
-        wait_until(lambda: page_counts(browser) == kv_gauges(server.url), 15, "the counts at rest")
+        wait_until(lambda: page_counts(browser) == server.kv_blocks(), 15, "the counts at rest")
     finally:
         server.close()
     assert busy["lanes"] <= busy["open"] + 100 and busy["rows"] == busy["lanes"] and busy["steps"] == 600
