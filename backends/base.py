@@ -78,7 +78,8 @@ class StepBatch:
 
     Sequence b owns tokens `query_start[b]:query_start[b+1]`; after the step its KV cache holds
     `context_lens[b]` tokens, the last of them this step's. `block_tables[b, i]` is the physical block of
-    its i-th logical block (rows padded with 0 past the sequence's length).
+    its i-th logical block (rows padded with 0 past the sequence's length). A backend samples the logits of
+    the tokens at `sample_token_rows()`.
     """
 
     seq_ids: tuple[int, ...]
@@ -92,6 +93,9 @@ class StepBatch:
     sampling: SamplingInputs | None = None
     block_copies: tuple[tuple[int, int], ...] = ()  # copy-on-write (src, dst), done before the forward
     step_id: int = 0
+    # (S,) how many tokens before its sequence's last token each sample row reads its logits at: a sequence
+    # verifying k speculative tokens samples k + 1 rows, lags k..0. None: every row reads the last token.
+    sample_lag: IntArray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -100,6 +104,11 @@ class StepBatch:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_ids)
+
+    def sample_token_rows(self) -> LongArray:
+        """(S,) the token row whose logits each sample row reads."""
+        rows = self.query_start[1:][self.sample_rows].astype(np.int64) - 1
+        return rows if self.sample_lag is None else rows - self.sample_lag
 
     def shape(self) -> StepShape:
         """What the step does, for the step-cost model."""

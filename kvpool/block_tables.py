@@ -92,8 +92,8 @@ class BlockTables(ABC):
                 changes: list[TableChange]) -> bool:
         """Cover tokens up to `end`, un-sharing and growing the table and recording each entry it sets as
         (index, block index, block id); False, with nothing changed, when the pool lacks the blocks."""
-        if end <= table.num_tokens or len(token_ids) < end:
-            _check_append(table.num_tokens, end, len(token_ids))
+        if end <= table.num_tokens:
+            _check_append(table.num_tokens, end)
             return True
         grow, shared = self._growth(table, end), self._shared_in_range(table, end)
         if grow or shared:
@@ -132,6 +132,22 @@ class BlockTables(ABC):
         """Pending (src, dst) block copies; the backend must run them before the step's KV writes."""
         copies, self._copies = self._copies, []
         return copies
+
+    def truncate(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> list[int]:
+        """Cut the table back to its first `num_tokens` tokens (speculative tokens rejected): blocks past them go
+        back to the pool, and blocks the kept tokens now fill are published, hashed from `token_ids`. Returns
+        the table as it now is."""
+        table = self._table(seq_id)
+        if not 0 <= num_tokens <= table.num_tokens:
+            raise ValueError(f"seq {seq_id}: cannot truncate {table.num_tokens} tokens to {num_tokens}")
+        keep = self._blocks_to_cover(num_tokens)
+        dropped = table.blocks[keep:]
+        del table.blocks[keep:]
+        del table.hashes[num_tokens // self.block_size :]
+        table.num_tokens = num_tokens
+        self._pool.release(reversed(dropped))
+        self._register_full_blocks(table, token_ids)
+        return list(table.blocks)
 
     # --- sharing and release ---------------------------------------------------------------------
 
@@ -187,10 +203,10 @@ class BlockTables(ABC):
     def check_invariants(self) -> None: ...
 
 
-def _check_append(start: int, end: int, num_known: int) -> None:
+def _check_append(start: int, end: int) -> None:
     """An append outside the normal case: no tokens (nothing to do), or a caller bug."""
-    if end < start or num_known < end:
-        raise ValueError(f"{end - start} tokens after {start}, {num_known} known")
+    if end < start:
+        raise ValueError(f"{end - start} tokens after {start}")
 
 
 def _check_token_count(token_ids: Sequence[int], num_tokens: int) -> None:

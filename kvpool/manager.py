@@ -16,7 +16,9 @@ class KVCacheManager(Protocol):
 
     - `allocate()` admits a sequence (its cached prefix first) and returns how many of its tokens the prefix
       cache served; `can_allocate()` says whether it would succeed, `num_cached_tokens()` what it would serve.
-    - `append()` covers one step's new tokens for many sequences in turn; see PagedKVCacheManager.append.
+    - `append()` covers one step's new tokens for many sequences in turn; see PagedKVCacheManager.append. A
+      count may reach past the tokens known (speculative tokens): blocks are published in the prefix cache only
+      once the tokens they hold are known, and `truncate()` gives back the slots of those rejected.
     - `take_block_copies()`: the (src, dst) copies that forks' copy-on-write queued; the backend runs them
       before the step's KV writes.
     - `fork()` shares a table with a new sequence; `free()` gives a table's blocks back.
@@ -41,6 +43,8 @@ class KVCacheManager(Protocol):
 
     def append(self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], counts: Sequence[int],
                start: int = 0) -> tuple[int, list[TableChange]]: ...
+
+    def truncate(self, seq_id: int, num_tokens: int, token_ids: Sequence[int]) -> list[int]: ...
 
     def take_block_copies(self) -> list[tuple[int, int]]: ...
 

@@ -26,6 +26,9 @@ class PagedKVCacheManager(BlockTables):
                start: int = 0) -> tuple[int, list[TableChange]]:
         """Cover counts[i] more tokens of each sequence seq_ids[i] in turn, from `start`: one engine step's appends.
 
+        counts[i] may reach past token_ids[i], the tokens known, by speculative tokens: the blocks they fill are
+        not published in the prefix cache until truncate() says which were accepted.
+
         Stops at the first sequence that cannot get its blocks, leaving its table as it was, and returns its index
         (len(seq_ids) when all got theirs) with each table entry set on the way, as (index into seq_ids, block
         index, block id): a caller keeping a copy of the tables patches only those, and resumes from that index
@@ -86,9 +89,10 @@ class PagedKVCacheManager(BlockTables):
         return blocks, hashes
 
     def _register_full_blocks(self, table: SeqTable, token_ids: Sequence[int]) -> None:
-        """Hash every block that has become full and publish it in the prefix cache."""
+        """Hash every block that has become full of known tokens and publish it in the prefix cache (a block
+        holding speculative tokens, past `token_ids`, waits until they are accepted: see truncate())."""
         done = len(table.hashes)
-        count = table.num_tokens // self.block_size - done
+        count = min(table.num_tokens, len(token_ids)) // self.block_size - done
         if not self._caching or count <= 0:
             return
         new_hashes = self._hasher.extend_chain(table.hashes, token_ids, count)

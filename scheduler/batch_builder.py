@@ -18,6 +18,28 @@ from scheduler.sequence import Sequence
 
 
 @dataclass(frozen=True)
+class Drafts:
+    """The guesses a step verifies, one entry per scheduled sequence in batch order (most have none)."""
+
+    counts: IntArray  # (B,) guessed tokens each computes after its own
+    tokens: list[list[int]]  # (B,) the guesses
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Where a step's samples of guessed positions are: one group of sample rows per sampled sequence, its own
+    token's first, then one per guess."""
+
+    first: LongArray  # (G,) each group's first sample row
+    counts: IntArray  # (G,) its guesses
+    guesses: list[list[int]]  # (G,)
+
+
+@dataclass(frozen=True)
 class _Layout:
     """Where the step's tokens go, and who samples: the StepBatch besides its tables, slots and sampling."""
 
@@ -30,15 +52,27 @@ class _Layout:
     sampled: list[Sequence]  # one per sample row
     forked: list[int]  # positions in sampled of choices sampling for the first time, before they fork
     forks: list[Sequence]  # their parents
+    sample_lag: IntArray | None = None  # StepBatch.sample_lag
+    verify: Verify | None = None
+
+
+@dataclass(frozen=True)
+class Built:
+    """A step's StepBatch and what the scheduler keeps of its layout."""
+
+    batch: StepBatch
+    sampled: list[Sequence]  # one per batch.sample_rows entry
+    forks: list[Sequence]  # parents whose pending choices fork with this step
+    prefill: Index  # indices into the scheduled sequences of those that compute prompt tokens
+    verify: Verify | None  # the guesses' sample rows, when the step verifies guesses
 
 
 def build_batch(step_id: int, seqs: list[Sequence], seq_ids: list[int], rows: LongArray, starts: IntArray,
                 counts: IntArray, persistent: PersistentBatch, block_size: int,
-                block_copies: list[tuple[int, int]]) -> tuple[StepBatch, list[Sequence], list[Sequence], Index]:
-    """The step that computes counts[i] tokens of seqs[i] (row rows[i]) from position starts[i]. Returns the
-    StepBatch, the sequences sampled (one per batch.sample_rows entry), the parents whose pending choices
-    fork with this step, and the indices into seqs of those that compute prompt tokens."""
-    layout = _lay_out(seqs, rows, starts, counts, persistent)
+                block_copies: list[tuple[int, int]], drafts: Drafts | None = None) -> Built:
+    """The step that computes counts[i] tokens of seqs[i] (row rows[i]) from position starts[i], the last
+    drafts.counts[i] of them guesses."""
+    layout = _lay_out(seqs, rows, starts, counts, persistent, drafts)
     sampling = None
     if layout.sampled:
         sampling = persistent.sampling_inputs(rows[layout.sample_rows], layout.sampled, layout.forked)
@@ -54,13 +88,16 @@ def build_batch(step_id: int, seqs: list[Sequence], seq_ids: list[int], rows: Lo
         sampling=sampling,
         block_copies=tuple(block_copies),
         step_id=step_id,
+        sample_lag=layout.sample_lag,
     )
-    return batch, layout.sampled, layout.forks, layout.prefill
+    return Built(batch, layout.sampled, layout.forks, layout.prefill, layout.verify)
 
 
 def _lay_out(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: IntArray,
-             persistent: PersistentBatch) -> _Layout:
+             persistent: PersistentBatch, drafts: Drafts | None) -> _Layout:
     prompt_lens, num_tokens = persistent.prompt_lens[rows], persistent.num_tokens[rows]
+    if drafts is not None:
+        return _guessing_layout(seqs, rows, starts, counts, num_tokens, prompt_lens, drafts)
     if ((starts + 1) == num_tokens).all() and (starts >= prompt_lens).all():
         return _decode_layout(seqs, rows, starts, persistent.last)
     return _general_layout(seqs, rows, starts, counts, num_tokens, prompt_lens)
@@ -85,6 +122,28 @@ def _general_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, cou
     prefill = np.flatnonzero((counts > 1) | (starts < prompt_lens))
     return _Layout(query_start, positions, np.repeat(rows, counts), _flat_tokens(seqs, starts, counts), prefill,
                    sample_rows, sampled, forked, forks)
+
+
+def _guessing_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: IntArray,
+                     num_tokens: LongArray, prompt_lens: LongArray, drafts: Drafts) -> _Layout:
+    """The general layout, with each guessing sequence's guesses after its own token and a sample row per
+    guessed position besides its own."""
+    known = counts - drafts.counts
+    plain = _general_layout(seqs, rows, starts, known, num_tokens, prompt_lens)
+    query_start = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=query_start[1:])
+    positions = np.repeat(starts - query_start[:-1], counts) + np.arange(int(query_start[-1]), dtype=np.int32)
+    tokens = _flat_tokens(seqs, starts, known, drafts.tokens)
+    guesses = drafts.counts[plain.sample_rows]
+    reps = 1 + guesses
+    first = np.zeros(len(reps), np.int64)
+    np.cumsum(reps[:-1], out=first[1:])
+    within = np.arange(int(reps.sum()), dtype=np.int32) - np.repeat(first, reps).astype(np.int32)
+    sampled = [seq for seq, n in zip(plain.sampled, reps.tolist(), strict=True) for _ in range(n)]
+    verify = Verify(first, guesses.astype(np.int32), [drafts.tokens[i] for i in plain.sample_rows.tolist()])
+    return _Layout(query_start, positions, np.repeat(rows, counts), tokens, plain.prefill,
+                   np.repeat(plain.sample_rows, reps), sampled, [int(first[i]) for i in plain.forked], plain.forks,
+                   np.repeat(guesses, reps).astype(np.int32) - within, verify)
 
 
 def _samples(seqs: list[Sequence], samples: Index, first: np.ndarray
@@ -114,8 +173,11 @@ def _with_choices(seqs: list[Sequence], samples: list[int]
     return np.array(sample_rows, np.int32), sampled, forked, forks
 
 
-def _flat_tokens(seqs: list[Sequence], starts: IntArray, counts: IntArray) -> IntArray:
+def _flat_tokens(seqs: list[Sequence], starts: IntArray, counts: IntArray,
+                 guesses: list[list[int]] | None = None) -> IntArray:
     out: list[int] = []
-    for seq, start, count in zip(seqs, starts.tolist(), counts.tolist(), strict=True):
+    for i, (seq, start, count) in enumerate(zip(seqs, starts.tolist(), counts.tolist(), strict=True)):
         out += seq.token_ids[start : start + count]
+        if guesses is not None:
+            out += guesses[i]
     return np.array(out, np.int32)

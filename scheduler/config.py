@@ -68,3 +68,31 @@ def _valid_itl_target(value: object) -> bool:
         return True
     # bool is an int, and True ms is no target anyone means; nan and inf bound nothing
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+SPECULATIVE_METHODS = ("off", "ngram")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (scheduler/speculation.py): a decoding sequence's next tokens are guessed, and one
+    step computes the guesses' logits beside its own token, keeping the longest run the model agrees with."""
+
+    # off, or ngram: prompt lookup, the tokens that followed the sequence's last n tokens where they last
+    # occurred in it (1 <= n <= ngram_max), found without another model
+    speculative_method: str = "off"
+    num_speculative_tokens: int = 4  # the most tokens guessed per sequence and step (k)
+    ngram_max: int = 4  # the longest n-gram matched; longer matches are tried first
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, "
+                             f"not {self.speculative_method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [1, 16], not {self.num_speculative_tokens}")
+        if not 1 <= self.ngram_max <= 16:
+            raise ValueError(f"ngram_max must be in [1, 16], not {self.ngram_max}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_method != "off"

@@ -7,12 +7,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.base import Backend, StepOutput
 from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.engine_view import EngineViews
 from scheduler.errors import (
     GRAMMAR_FAILED,
@@ -35,6 +35,7 @@ from scheduler.outputs import RequestStream
 from scheduler.request import EngineRequest
 from scheduler.scheduler import Scheduler
 from scheduler.sequence import SequenceStatus
+from scheduler.speculation import SpecCounters
 from scheduler.step import SchedulerPlan, StepUpdates
 from scheduler.step_check import out_of_vocabulary
 from scheduler.step_cost import StepCostModel
@@ -57,13 +58,14 @@ class EngineStats:
     num_requests: int
     kv: KVStats
     kv_shared_blocks: int = 0  # used blocks shared by more than one sequence (an O(blocks) count: per scrape)
+    speculation: SpecCounters | None = None  # speculative decoding's totals, when it is on
 
 
 class EngineCore:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tokenizer: TokenizerLike, *,
                  max_model_len: int, observer: EngineObserver | None = None,
                  clock: Callable[[], float] = time.monotonic, cost: StepCostModel | None = None,
-                 guides: GuideFactory | None = None) -> None:
+                 guides: GuideFactory | None = None, speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.guides = guides  # None: requests with a grammar are refused
         self.kv = kv
@@ -71,7 +73,8 @@ class EngineCore:
         self.vocab_size = tokenizer.vocab_size
         self.max_model_len = max_model_len
         self.cost = cost if cost is not None else StepCostModel(CostCoefficients())
-        self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids), self.cost)
+        self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids), self.cost,
+                                   speculative)
         self._planned_at = 0.0  # when the step being run was planned: its time runs from there to its tokens
         self.observer: EngineObserver = observer or NullObserver()
         self._observes_steps = observes_steps(self.observer)
@@ -86,13 +89,15 @@ class EngineCore:
     @classmethod
     def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: Backend, tokenizer: TokenizerLike,
                     *, max_model_len: int, observer: EngineObserver | None = None,
-                    cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> EngineCore:
+                    cost: StepCostModel | None = None, guides: GuideFactory | None = None,
+                    speculative: SpeculativeConfig | None = None) -> EngineCore:
         """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic;
         its step-cost model `cost`, else one seeded with the backend's guess (cost_prior())."""
         clock = backend.clock
         return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
                    clock=clock.now if clock is not None else time.monotonic,
-                   cost=cost if cost is not None else StepCostModel(backend.cost_prior()), guides=guides)
+                   cost=cost if cost is not None else StepCostModel(backend.cost_prior()), guides=guides,
+                   speculative=speculative)
 
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:
@@ -294,8 +299,10 @@ class EngineCore:
                           len(self.scheduler.waiting), len(plan.preempted),
                           tuple(dict.fromkeys(seq.request_id for seq in plan.seqs)),
                           kv.prefix_queries, kv.prefix_hits, chunks, seconds, plan.predicted_s,
-                          self.cost.named_coefficients, self.cost.headroom)
+                          self.cost.named_coefficients, self.cost.headroom, plan.guessed_tokens)
 
     def stats(self) -> EngineStats:
+        speculator = self.scheduler.speculator
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), len(self.requests),
-                           self.kv.stats(), self.kv.block_map().count("s"))
+                           self.kv.stats(), self.kv.block_map().count("s"),
+                           None if speculator is None else replace(speculator.counters))

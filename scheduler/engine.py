@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from backends.base import Backend, StepBatch, StepOutput
 from kvpool import KVCacheManager
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.core import EngineCore, EngineStats
 from scheduler.engine_view import EngineSnapshot, StepWatcher
 from scheduler.errors import ENGINE_FAILED, EngineStoppedError
@@ -50,11 +50,11 @@ class Engine:
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
                  step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
                  cost: StepCostModel | None = None, guides: GuideFactory | None = None,
-                 health: HealthLimits | None = None) -> None:
+                 health: HealthLimits | None = None, speculative: SpeculativeConfig | None = None) -> None:
         """step_timeout_s: the watchdog's limit on one step (0: none); cost: the step-cost model (a calibrated
         one; else one seeded with the backend's guess); health: when /health calls the engine degraded."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer, cost=cost, guides=guides)
+                                           observer=observer, cost=cost, guides=guides, speculative=speculative)
         self.backend = backend
         self._runner = StepRunner(backend.execute, inline=backend.step_is_instant, timeout_s=step_timeout_s)
         self._wake = asyncio.Event()

@@ -6,7 +6,7 @@ import itertools
 
 from backends.base import Backend
 from kvpool import KVCacheManager
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.core import EngineCore
 from scheduler.guided import GuideFactory
 from scheduler.output_processor import TokenizerLike
@@ -22,9 +22,10 @@ class LLM:
 
     def __init__(self, scheduler_config: SchedulerConfig, kv: KVCacheManager, backend: Backend,
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
-                 cost: StepCostModel | None = None, guides: GuideFactory | None = None) -> None:
+                 cost: StepCostModel | None = None, guides: GuideFactory | None = None,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer, cost=cost, guides=guides)
+                                           observer=observer, cost=cost, guides=guides, speculative=speculative)
         self.backend = backend
         self._ids = itertools.count()
 

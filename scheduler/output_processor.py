@@ -88,20 +88,32 @@ def apply_updates(requests: dict[str, RequestState], updates: StepUpdates, sched
     ending: dict[str, RequestState] = {}
     broken: dict[str, Exception] = {}
     logprobs, finished = updates.logprobs, updates.finished
+    ended: dict[int, list[int]] = {}  # seq id -> [tokens it got after it ended]: a stop string amid kept guesses
     for i, (seq, token) in enumerate(zip(updates.seqs, updates.token_ids, strict=True)):
         if seq.request_id in broken:
+            continue
+        if seq.seq_id in ended:
+            ended[seq.seq_id].append(token)
             continue
         state = touched[seq.request_id] = requests[seq.request_id]
         state.step_tokens += 1
         try:
             if emit_token(state, seq, token, logprobs[i] if logprobs else None, i in finished, scheduler):
                 ending[seq.request_id] = state
+                ended[seq.seq_id] = []
         except Exception as exc:  # noqa: BLE001 - the caller fails this request and logs why
             broken[seq.request_id] = exc
+    _drop_after_end(updates.seqs, ended)
     for request_id in broken:
         touched.pop(request_id, None)
         ending.pop(request_id, None)
     return touched, ending, broken
+
+
+def _drop_after_end(seqs: list[Sequence], ended: dict[int, list[int]]) -> None:
+    """A sequence ended by a stop string keeps no token after it (a step verifying guesses can append several)."""
+    for seq in {s.seq_id: s for s in seqs if ended.get(s.seq_id)}.values():
+        del seq.token_ids[-len(ended[seq.seq_id]) :]
 
 
 def emit_token(state: RequestState, seq: Sequence, token: int, logprob: TokenLogprob | None, finished: bool,

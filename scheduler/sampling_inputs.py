@@ -50,7 +50,10 @@ class UniformsAhead:
         seq.uniforms_ahead = self.values[row, self.used[row] :].copy()
 
     def draw(self, rows: Index, seqs: Seq[Sequence | None]) -> npt.NDArray[np.float64]:
-        """The next uniform of each row (rows distinct); rows that used their last one are refilled."""
+        """The next uniform of each row; a row repeated (a sequence verifying guesses: one per position, in a
+        run) takes its next ones in turn. Rows that used their last one are refilled."""
+        if len(rows) > 1 and not (rows[1:] != rows[:-1]).all():
+            return self._draw_runs(rows, seqs)
         used = self.used[rows]
         out = self.values[rows, used]
         used += 1
@@ -60,6 +63,26 @@ class UniformsAhead:
             assert seq is not None
             self.fill(row, seq)
         return out
+
+
+    def _draw_runs(self, rows: Index, seqs: Seq[Sequence | None]) -> npt.NDArray[np.float64]:
+        out = np.zeros(len(rows))
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(rows)], strict=True):
+            row, count = int(rows[start]), end - start
+            if self.used[row] + count >= AHEAD:  # keep what give_back() may return within the draws held
+                seq = seqs[row]
+                assert seq is not None
+                self.release(row, seq)
+                self.fill(row, seq)
+            used = int(self.used[row])
+            out[start:end] = self.values[row, used : used + count]
+            self.used[row] = used + count
+        return out
+
+    def give_back(self, row: int, count: int) -> None:
+        """The row's last `count` draws went unused (guesses rejected): its next draws are those again."""
+        self.used[row] -= count
 
 
 @dataclass(frozen=True)
@@ -108,6 +131,11 @@ class SamplingColumns:
         self.guided[row] = seq.guide is not None
         if not p.greedy:
             self.ahead.fill(row, seq)
+
+    def may_guess(self, rows: Index) -> BoolArray:
+        """Which rows may verify guessed tokens: a penalty or a grammar depends on the tokens before each
+        position, which this step's guesses would have to stand in for."""
+        return ~(self.penalties[rows] | self.guided[rows])
 
     def clear_row(self, row: int, seq: Sequence) -> None:
         if self.random[row]:

@@ -32,14 +32,16 @@ import numpy as np
 from backends.base import IntArray, LongArray, StepOutput
 from backends.step_shape import StepShape
 from kvpool import KVCacheManager
-from scheduler.batch_builder import build_batch
-from scheduler.config import SchedulerConfig
+from scheduler.batch_builder import Drafts, build_batch
+from scheduler.config import SchedulerConfig, SpeculativeConfig
+from scheduler.guesses import Proposals, drafts_of, propose, settle_guesses
 from scheduler.guided import PendingMasks
 from scheduler.itl_target import ItlTarget, resolve_itl_target
 from scheduler.persistent_batch import PersistentBatch
 from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
-from scheduler.step import SchedulerPlan, StepUpdates, token_logprobs
+from scheduler.speculation import Speculator
+from scheduler.step import SchedulerPlan, StepUpdates, joined, token_logprobs
 from scheduler.step_cost import StepCostModel
 from scheduler.stop import check_token_stop
 
@@ -61,6 +63,7 @@ class _Chosen:
     seqs: list[Sequence] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
     running: _Columns = field(default_factory=_no_columns)
+    guesses: Drafts | None = None  # the running ones' guesses, when any guess
     admitted: list[Sequence] = field(default_factory=list)
     _added: list[tuple[int, int, int]] = field(default_factory=list)  # admitted: row, start, count
 
@@ -69,6 +72,14 @@ class _Chosen:
         self.seq_ids.append(seq.seq_id)
         self.admitted.append(seq)
         self._added.append((seq.row, start, count))
+
+    def drafts(self) -> Drafts | None:
+        """The guesses of every chosen sequence (admitted ones have none), when any guesses."""
+        if self.guesses is None or not self.guesses.total:
+            return None
+        extra = len(self._added)
+        return Drafts(np.concatenate((self.guesses.counts, np.zeros(extra, np.int32))),
+                      self.guesses.tokens + [[] for _ in range(extra)])
 
     def columns(self) -> _Columns:
         if not self._added:
@@ -81,8 +92,11 @@ class _Chosen:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
-                 eos_ids: frozenset[int], cost: StepCostModel | None = None) -> None:
+                 eos_ids: frozenset[int], cost: StepCostModel | None = None,
+                 speculative: SpeculativeConfig | None = None) -> None:
         self.config = config
+        # guesses each decoding sequence's next tokens, verified in the step (None: speculation off)
+        self.speculator = Speculator(speculative) if speculative is not None and speculative.enabled else None
         self.kv = kv
         self.cost = cost  # predicts each step's time; with itl_target_ms, sizes prefill to fit the target
         # "auto" prices each step's own decode part with the current (refitted) model: the shape it sees most,
@@ -119,6 +133,8 @@ class Scheduler:
                 continue
             self._remove(s)
             s.status, s.stop_reason = status, stop_reason
+            if self.speculator is not None:
+                self.speculator.forget(s.seq_id)
         seq.children = []
         if not self.running:
             self._batch_decoding = False
@@ -136,8 +152,9 @@ class Scheduler:
         self._step_id += 1
         chosen = _Chosen()
         evicted: list[Sequence] = []
-        time = self._prefill_time()
-        budget = self._schedule_running(self.config.max_num_batched_tokens, chosen, evicted, time)
+        proposals = self._propose()
+        time = self._prefill_time(proposals)
+        budget = self._schedule_running(self.config.max_num_batched_tokens, chosen, evicted, time, proposals)
         if not evicted and self._may_admit():
             self._admit(budget, chosen, time)
         copies = self.kv.take_block_copies()
@@ -146,9 +163,10 @@ class Scheduler:
             return SchedulerPlan(self._step_id, None, preempted=preempted, failed=failed)
         return self._plan(chosen, copies, preempted, failed)
 
-    def _schedule_running(self, budget: int, chosen: _Chosen, evicted: list[Sequence], time: PrefillTime | None
-                          ) -> int:
-        """Running sequences in order until the budget is spent: a decode token each, or a prompt chunk."""
+    def _schedule_running(self, budget: int, chosen: _Chosen, evicted: list[Sequence], time: PrefillTime | None,
+                          proposals: Proposals | None) -> int:
+        """Running sequences in order until the budget is spent: a decode token each (and its guesses, in what
+        the budget leaves), or a prompt chunk."""
         if not self.running:
             return budget
         ids, rows = self._running_index()
@@ -156,31 +174,39 @@ class Scheduler:
         needs = self.rows.num_tokens[rows] - starts
         if time is not None:
             needs = _timed_chunks(needs, starts, budget, time)
-        counts = _budgeted(needs, budget)
-        k = self._append_running(ids, rows, counts.tolist(), evicted)
+        guesses = None if proposals is None else proposals.fitted(budget - int(needs.sum()))
+        counts = _budgeted(needs if guesses is None else needs + guesses, budget)
+        k, counts = self._append_running(ids, rows, counts, evicted, None if guesses is None else needs)
         chosen.seqs, chosen.seq_ids = self.running[:k], list(ids[:k])
         chosen.running = rows[:k], starts[:k].astype(np.int32), counts[:k].astype(np.int32)
+        if guesses is not None and proposals is not None:
+            chosen.guesses = drafts_of(proposals, counts[:k] - needs[:k])
         if time is not None and not counts[:k].all():  # prompts the target left out of this step
             _drop_idle(chosen)
         return budget - int(counts[:k].sum())
 
-    def _append_running(self, ids: tuple[int, ...], rows: LongArray, counts: list[int], evicted: list[Sequence]
-                        ) -> int:
-        """Slots for the running sequences' tokens; when blocks run out, the tail of the running list (perhaps
-        the sequence itself) gives its blocks back. Returns how many stay scheduled."""
+    def _append_running(self, ids: tuple[int, ...], rows: LongArray, counts: LongArray, evicted: list[Sequence],
+                        unguessed: LongArray | None) -> tuple[int, LongArray]:
+        """Slots for the running sequences' tokens; when blocks run out, the sequences not yet served drop their
+        guesses (`unguessed`: the counts without them), then the tail of the running list (perhaps the sequence
+        itself) gives its blocks back. Returns how many stay scheduled, and the counts they got."""
         k = len(counts)
         lists = [s.token_ids for s in self.running]
-        done, changes = self.kv.append(ids[:k], lists, counts)
+        done, changes = self.kv.append(ids[:k], lists, counts.tolist())
+        if done < k and unguessed is not None:
+            counts = np.concatenate((counts[:done], unguessed[done:]))
+            done, more = self.kv.append(ids[:k], lists, counts.tolist(), done)
+            changes += more
         while done < k:
             victim = self.running[-1]
             self._evict(victim)
             evicted.append(victim)
             k = min(k, len(self.running))
             if done < k:
-                done, more = self.kv.append(ids[:k], lists, counts, done)
+                done, more = self.kv.append(ids[:k], lists, counts.tolist(), done)
                 changes += more
         self.rows.patch_blocks(rows, changes)
-        return k
+        return k, counts
 
     def _running_index(self) -> tuple[tuple[int, ...], LongArray]:
         """Seq ids and rows of the running list, rebuilt only when a row changed hands (the list did too)."""
@@ -219,22 +245,31 @@ class Scheduler:
               failed: list[Sequence]) -> SchedulerPlan:
         rows, starts, counts = chosen.columns()
         self.rows.advance(rows, starts + counts)  # the backend computes them before the next plan
-        batch, sampled, forks, prefill = build_batch(self._step_id, chosen.seqs, chosen.seq_ids, rows, starts,
-                                                     counts, self.rows, self.kv.block_size, copies)
+        built = build_batch(self._step_id, chosen.seqs, chosen.seq_ids, rows, starts, counts, self.rows,
+                            self.kv.block_size, copies, chosen.drafts())
+        batch, prefill = built.batch, built.prefill
         prefill_tokens = int(counts[prefill].sum())
         shape = None if self.cost is None else batch.shape()
-        return SchedulerPlan(self._step_id, batch, chosen.seqs, rows, starts, counts, sampled, forks, preempted,
-                             failed, chosen.admitted, tuple(prefill.tolist()), prefill_tokens,
+        return SchedulerPlan(self._step_id, batch, chosen.seqs, rows, starts, counts, built.sampled, built.forks,
+                             preempted, failed, chosen.admitted, tuple(prefill.tolist()), prefill_tokens,
                              batch.num_tokens - prefill_tokens, shape,
                              0.0 if shape is None or self.cost is None else self.cost.predict(shape),
-                             self.rows.version)
+                             self.rows.version, built.verify)
 
     def _may_admit(self) -> bool:
         return self.config.batching == "continuous" or not self._batch_decoding
 
-    def _prefill_time(self) -> PrefillTime | None:
-        """The target's time left for prefill after the decode part, when a target is set and someone decodes
-        (with nobody decoding, prefill stalls no one and runs at the full token budget)."""
+    def _propose(self) -> Proposals | None:
+        """The decoding sequences' guesses for this step, when speculation is on and any has one."""
+        if self.speculator is None or not self.running:
+            return None
+        self.speculator.next_step()
+        _, rows = self._running_index()
+        return propose(self.speculator, self.running, rows, self.rows)
+
+    def _prefill_time(self, proposals: Proposals | None = None) -> PrefillTime | None:
+        """The target's time left for prefill after the decode part (guesses included), when a target is set and
+        someone decodes (with nobody decoding, prefill stalls no one and runs at the full token budget)."""
         target = self.itl_target
         if self.cost is None or target.ms <= 0 or not self.running:
             return None
@@ -244,7 +279,9 @@ class Scheduler:
         if not (decoding & (known > self.rows.prompt_lens[rows])).any():
             return None
         n, context = int(decoding.sum()), int((starts[decoding] + 1).sum())
-        decode = self.cost.coefficients.seconds(StepShape(n, n, context, context))
+        guessed = 0 if proposals is None else proposals.total
+        shape = StepShape(n + guessed, n + guessed, context + guessed, context + guessed * (context // n))
+        decode = self.cost.coefficients.seconds(shape)
         self.itl_limit_s = target.limit_seconds(decode, n, len(self.waiting) + len(rows) - n)
         # The planner fills steps up to the limit, so a fit 1 % low would put most of them just over: aim under.
         limit = AIM * self.itl_limit_s / self.cost.headroom
@@ -255,24 +292,54 @@ class Scheduler:
         """Append each sampled token, fork pending choices, and finish sequences that hit a stop."""
         if plan.batch is None or not plan.sampled:
             return StepUpdates([], [])
-        intact = plan.version == self.rows.version  # no row changed hands while the step ran: nothing aborted
-        self._fork_children(plan.forks)
-        seqs, tokens, token_array = plan.sampled, output.token_ids.tolist(), output.token_ids
-        rows, index = plan.rows[plan.batch.sample_rows], None  # the rows whose parameters each sampled with
+        updates = self._apply(plan, output, None) if plan.verify is None else self._verify(plan, output)
+        if updates.seqs and self.config.batching == "static":
+            self._batch_decoding = bool(self.running)
+        return updates
+
+    def _verify(self, plan: SchedulerPlan, output: StepOutput) -> StepUpdates:
+        """A step with guesses: each sequence's sampled tokens up to and including the first that differs from
+        its guess, applied in rounds (a token each) so that stops end a sequence where they occur; then the
+        slots and uniforms of rejected guesses go back (scheduler/guesses.py)."""
+        assert plan.verify is not None and self.speculator is not None
+        verify, samples = plan.verify, output.token_ids
+        accepted = [_agreed(samples, int(first), guesses)
+                    for first, guesses in zip(verify.first.tolist(), verify.guesses, strict=True)]
+        rounds = [self._apply(plan, output, verify.first)]
+        for r in range(1, max(accepted, default=0) + 1):
+            groups = np.flatnonzero(np.array(accepted) >= r)
+            rounds.append(self._apply(plan, output, verify.first[groups] + r, first=False))
+        settle_guesses(plan, accepted, self.speculator, self.kv, self.rows)
+        return joined(rounds)
+
+    def _apply(self, plan: SchedulerPlan, output: StepOutput, at: LongArray | None, first: bool = True
+               ) -> StepUpdates:
+        """The sampled tokens at output rows `at` (None: all) appended, one per sequence; the `first` call of a
+        step forks its pending choices."""
+        assert plan.batch is not None
+        intact = plan.version == self.rows.version  # no row changed hands since planning: nothing ended
+        if first:
+            self._fork_children(plan.forks)
+        seqs, token_array = plan.sampled, output.token_ids
+        rows, index = plan.rows[plan.batch.sample_rows], at  # the rows whose parameters each sampled with
+        if at is not None:
+            seqs, token_array, rows = [seqs[i] for i in at.tolist()], token_array[at], rows[at]
+        tokens = token_array.tolist()
         if not intact:
-            index, seqs, tokens = _running_only(seqs, tokens)
-            rows, token_array = rows[index], token_array[index]
+            keep, seqs, tokens = _running_only(seqs, tokens)
+            rows, token_array = rows[keep], token_array[keep]
+            index = np.array(keep, np.int64) if at is None else at[keep]
         maybe_stopped = self.rows.stops.candidates(rows, token_array, self.rows.num_tokens[rows] + 1)
-        own = rows if index is None and not plan.forks else np.array([s.row for s in seqs], np.int64)
+        renumbered = not intact or (first and bool(plan.forks))
+        own = np.array([s.row for s in seqs], np.int64) if renumbered else rows
         self.rows.append_tokens(seqs, own, tokens, token_array)
         finished = self._finish_stopped(seqs, maybe_stopped)
         allowed = plan.batch.sampling.allowed if plan.batch.sampling is not None else None
         broken: dict[str, str] = {}
         if isinstance(allowed, PendingMasks):
             finished |= self._follow_guides(seqs, tokens, allowed, broken)
-        if seqs and self.config.batching == "static":
-            self._batch_decoding = bool(self.running)
-        return StepUpdates(seqs, tokens, finished, token_logprobs(output, seqs, tokens, index), broken)
+        logprobs = token_logprobs(output, seqs, tokens, None if index is None else index.tolist())
+        return StepUpdates(seqs, tokens, finished, logprobs, broken)
 
     def _finish_stopped(self, seqs: list[Sequence], maybe_stopped: np.ndarray) -> frozenset[int]:
         """check_token_stop decides, for the few sequences the NumPy pre-check could not rule out."""
@@ -405,6 +472,18 @@ def _drop_idle(chosen: _Chosen) -> None:
     chosen.seqs = [chosen.seqs[i] for i in index]
     chosen.seq_ids = [chosen.seq_ids[i] for i in index]
     chosen.running = rows[keep], starts[keep], counts[keep]
+    if chosen.guesses is not None:
+        chosen.guesses = Drafts(chosen.guesses.counts[keep], [chosen.guesses.tokens[i] for i in index])
+
+
+def _agreed(samples: LongArray, first: int, guesses: list[int]) -> int:
+    """How many guesses the model's own samples (from row `first` on) agree with, from the first."""
+    agreed = 0
+    for guess, sample in zip(guesses, samples[first : first + len(guesses)].tolist(), strict=True):
+        if guess != sample:
+            break
+        agreed += 1
+    return agreed
 
 
 def _running_only(seqs: list[Sequence], tokens: list[int]) -> tuple[list[int], list[Sequence], list[int]]:

@@ -9,6 +9,7 @@ import numpy as np
 
 from backends.base import IntArray, LongArray, StepBatch, StepOutput
 from backends.step_shape import StepShape
+from scheduler.batch_builder import Verify
 from scheduler.outputs import TokenLogprob
 from scheduler.sequence import Sequence
 
@@ -36,6 +37,12 @@ class SchedulerPlan:
     shape: StepShape | None = None  # what the step does, for the cost model (None without one)
     predicted_s: float = 0.0  # the cost model's prediction of its time when planned
     version: int = 0  # the persistent rows' version when planned: unchanged at update means nothing was aborted
+    verify: Verify | None = None  # where the sampled guesses are, when the step verifies guesses
+
+    @property
+    def guessed_tokens(self) -> int:
+        """Speculative decoding's guesses among the step's decode tokens."""
+        return 0 if self.verify is None else int(self.verify.counts.sum())
 
     @property
     def mixed(self) -> bool:
@@ -52,6 +59,26 @@ class StepUpdates:
     finished: frozenset[int] = frozenset()  # positions of the sequences a token-level stop ended
     logprobs: list[TokenLogprob | None] | None = None  # per position, when the step returned logprobs
     broken_guides: dict[str, str] = field(default_factory=dict)  # request id -> why its grammar failed
+
+
+def joined(parts: list[StepUpdates]) -> StepUpdates:
+    """One step's updates made in rounds (a step verifying guesses), in order: a sequence appears once per
+    token it got."""
+    if len(parts) == 1:
+        return parts[0]
+    seqs: list[Sequence] = []
+    tokens: list[int] = []
+    finished: set[int] = set()
+    logprobs: list[TokenLogprob | None] = []
+    broken: dict[str, str] = {}
+    for part in parts:
+        finished.update(len(seqs) + i for i in part.finished)
+        seqs += part.seqs
+        tokens += part.token_ids
+        logprobs += part.logprobs or [None] * len(part.seqs)
+        broken.update(part.broken_guides)
+    wanted = any(part.logprobs is not None for part in parts)
+    return StepUpdates(seqs, tokens, frozenset(finished), logprobs if wanted else None, broken)
 
 
 def token_logprobs(output: StepOutput, seqs: list[Sequence], tokens: list[int], index: list[int] | None

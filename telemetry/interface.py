@@ -35,6 +35,7 @@ class StepRecord:
     predicted_s: float = 0.0
     cost_coefficients: tuple[tuple[str, float], ...] = ()
     cost_headroom: float = 1.0
+    guessed_tokens: int = 0  # speculative decoding's guesses the step verified (counted in decode_tokens)
 
 
 @dataclass(frozen=True)

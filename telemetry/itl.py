@@ -9,6 +9,7 @@ median gap is a slow token, and its cause is, in order:
 - "queue": the wait before the step dominates: the request sat out one or more steps (token budget spent on
   others, no free KV to place it) or the engine stalled between steps;
 - "prefill_interference": the step was shared with N prefill tokens of other requests' prompts;
+- "speculation": the step verified N guessed tokens (speculative decoding), its own or other requests';
 - "slow_step": none of the above: the step itself was slow (a large batch, the host, the device).
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-CAUSES = ("preemption", "queue", "prefill_interference", "slow_step")
+CAUSES = ("preemption", "queue", "prefill_interference", "speculation", "slow_step")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class TokenGap:
     step_duration: float
     prefill_tokens: int  # prefill tokens that shared the step
     preempted: bool  # preempted since the previous token
+    guessed_tokens: int = 0  # guessed tokens the step verified (speculative decoding)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ def classify(gap: TokenGap) -> str:
         return "queue"
     if gap.prefill_tokens > 0:
         return "prefill_interference"
+    if gap.guessed_tokens > 0:
+        return "speculation"
     return "slow_step"
 
 
@@ -87,8 +91,8 @@ class GapJudge:
         self.min_gaps = min_gaps
         self.median = RunningMedian()
 
-    def judge(self, gap: float, wait: float, step_duration: float, prefill_tokens: int, preempted: bool
-              ) -> SlowToken | None:
+    def judge(self, gap: float, wait: float, step_duration: float, prefill_tokens: int, preempted: bool,
+              guessed_tokens: int = 0) -> SlowToken | None:
         """Plain arguments: this runs once per token, so it builds nothing unless the token is slow."""
         running = self.median
         median = running.value
@@ -96,5 +100,5 @@ class GapJudge:
         running.add(gap)
         if not slow:
             return None
-        cause = classify(TokenGap(gap, wait, step_duration, prefill_tokens, preempted))
+        cause = classify(TokenGap(gap, wait, step_duration, prefill_tokens, preempted, guessed_tokens))
         return SlowToken(cause, gap, median, self.factor * median, wait, step_duration, prefill_tokens)

@@ -122,6 +122,7 @@ def step_attributes(step: StepRecord, tokens: int, request_spans: Sequence[int])
         "pagedserve.step.batch_size": step.num_seqs,
         "pagedserve.step.prefill_tokens": step.prefill_tokens,
         "pagedserve.step.decode_tokens": step.decode_tokens,
+        "pagedserve.step.guessed_tokens": step.guessed_tokens,
         "pagedserve.step.kv_usage": step.kv_usage,
         "pagedserve.step.num_running": step.num_running,
         "pagedserve.step.num_waiting": step.num_waiting,

@@ -141,7 +141,7 @@ class Tracker:
         else:
             gap = time - last
             slow = state.judge.judge(gap, max(step.start - last, 0.0), step.end - step.start,
-                                     record.prefill_tokens, state.preempted)
+                                     record.prefill_tokens, state.preempted, step.guessed_tokens)
             if slow is not None:
                 state.slow[slow.cause] += 1
         first_index = state.tokens

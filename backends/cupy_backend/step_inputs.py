@@ -51,7 +51,7 @@ class DeviceStep:
 
 
 def upload_step(xp: Any, batch: StepBatch) -> DeviceStep:
-    last_rows = batch.query_start[1:][batch.sample_rows].astype(np.int64) - 1
+    last_rows = batch.sample_token_rows()
     ints = upload(
         xp,
         {

@@ -74,8 +74,7 @@ class NumpyBackend:
         """(S, vocab) float32 logits for the sequences in `batch.sample_rows`."""
         self.cache.copy_blocks(batch.block_copies)
         hidden = self.forward.hidden_states(batch, self.cache)
-        last_rows = batch.query_start[1:][batch.sample_rows] - 1
-        return self.forward.logits(hidden[last_rows])
+        return self.forward.logits(hidden[batch.sample_token_rows()])
 
     def execute(self, batch: StepBatch) -> StepOutput:
         start = time.perf_counter()

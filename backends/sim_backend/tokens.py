@@ -57,7 +57,7 @@ def _is_text(raw: bytes) -> bool:
 
 def row_hashes(batch: StepBatch, seed: int) -> U64Array:
     """(S,) one hash per sampled row, from its last input token and position (and uniform when sampling)."""
-    last = batch.query_start[1:][batch.sample_rows].astype(np.int64) - 1
+    last = batch.sample_token_rows()
     # token ids and positions both fit in 32 bits: pack them into one key, then mix in the seed
     key = (batch.token_ids[last].astype(np.uint64) << np.uint64(32)) | batch.positions[last].astype(np.uint64)
     h = fold(mix64(key), seed & 0xFFFFFFFFFFFFFFFF)

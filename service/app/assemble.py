@@ -73,7 +73,7 @@ def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver 
     engine = Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
                     max_model_len=parts.max_model_len, observer=observer,
                     step_timeout_s=config.service.step_timeout_s, cost=cost, guides=guides,
-                    health=config.service.health)
+                    health=config.service.health, speculative=config.speculative)
     log.info("ITL target: %s", engine.core.scheduler.itl_target.describe())
     return engine
 
@@ -107,7 +107,8 @@ def backend_info(config: AppConfig, parts: ModelParts) -> Mapping[str, str]:
 
 
 def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
-    return LLM(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), max_model_len=parts.max_model_len)
+    return LLM(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), max_model_len=parts.max_model_len,
+               speculative=config.speculative)
 
 
 def _tokenizer(parts: ModelParts) -> TokenizerLike:

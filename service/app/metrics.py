@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler.core import EngineStats
+from scheduler.speculation import SpecCounters
 from service.generation.state import Phase, ServerState
 from telemetry.metrics import PREFIX
 
@@ -30,7 +31,10 @@ class EngineCollector(Collector):
             phase.add_metric([p.value], float(p is self._state.phase))
         yield phase
         runtime = self._state.runtime
-        yield from _engine_gauges(runtime.engine.stats() if runtime is not None else None)
+        stats = runtime.engine.stats() if runtime is not None else None
+        yield from _engine_gauges(stats)
+        if stats is not None and stats.speculation is not None:
+            yield from _speculation(stats.speculation)
         if runtime is not None and runtime.backend_info:
             yield InfoMetricFamily(PREFIX + "backend", "What runs the model: the backend, the CPU tier its C "
                                    "kernels were built for, their precision, the weights' and KV cache's types",
@@ -56,6 +60,18 @@ def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:
     yield GaugeMetricFamily(PREFIX + "kv_cache_blocks_shared", "KV cache blocks in use by more than one sequence "
                             "(counted in kv_cache_blocks{state=\"used\"})",
                             value=stats.kv_shared_blocks if stats is not None else 0)
+
+
+def _speculation(counters: SpecCounters) -> Iterator[Metric]:
+    """Speculative decoding's totals, by method (vLLM's spec_decode_* counters); acceptance rate = accepted /
+    draft tokens."""
+    for name, help_text, value in (
+            ("spec_decode_drafts", "Times a sequence's step verified guessed tokens", counters.steps),
+            ("spec_decode_draft_tokens", "Guessed tokens verified", counters.proposed),
+            ("spec_decode_accepted_tokens", "Guessed tokens the model agreed with (kept)", counters.accepted)):
+        family = CounterMetricFamily(PREFIX + name, help_text, labels=["method"])
+        family.add_metric([counters.method], value)
+        yield family
 
 
 def create_registry(state: ServerState) -> tuple[CollectorRegistry, Counter]:

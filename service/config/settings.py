@@ -34,7 +34,7 @@ from typing import Any
 
 from backends.config import BackendConfig
 from kvpool.config import KVPoolConfig
-from scheduler.config import AUTO, SchedulerConfig
+from scheduler.config import AUTO, SchedulerConfig, SpeculativeConfig
 from scheduler.step_health import HealthLimits
 from telemetry import TelemetryConfig
 
@@ -163,6 +163,7 @@ class AppConfig:
     backend: BackendConfig = field(default_factory=BackendConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVPoolConfig = field(default_factory=KVPoolConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
 
 

@@ -1,0 +1,213 @@
+"""Speculative decoding in the scheduler: prompt lookup's guesses, verified in the step, change no output.
+
+The model is a Markov chain (tests/scheduler/markov_model.py) sampled by the real sampler: greedy outputs cycle,
+so guesses are often kept, and sampled outputs have known probabilities. Every run checks the KV pool's and the
+rows' invariants after every step (debug_checks)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvpool import PagedKVCacheManager
+from scheduler.config import SchedulerConfig, SpeculativeConfig
+from scheduler.guesses import Proposals
+from scheduler.llm import LLM
+from scheduler.outputs import RequestOutput
+from scheduler.params import SamplingParams
+from scheduler.speculation import MISSES_BEFORE_PAUSE, Guessing, NgramIndex, SpecCounters
+from telemetry.interface import NullObserver, RequestRecord
+from tests.scheduler.markov_model import VOCAB, MarkovBackend, MarkovTokenizer
+
+NGRAM = SpeculativeConfig("ngram", num_speculative_tokens=4, ngram_max=3)
+
+
+class Recorder(NullObserver):
+    """Counts preemptions and keeps the records of finished requests (their choices' token lists)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.finished: list[RequestRecord] = []
+
+    def request_preempted(self, request_id: str, now: float) -> None:
+        self.count += 1
+
+    def request_finished(self, record: RequestRecord) -> None:
+        self.finished.append(record)
+
+
+def generate(prompts: list[list[int]], params: SamplingParams, speculative: SpeculativeConfig | None,
+             num_blocks: int = 64, observer: Recorder | None = None, **config: Any
+             ) -> tuple[list[RequestOutput], SpecCounters | None, int]:
+    """Outputs, the speculation counters, and how many preemptions the run had."""
+    observer = observer or Recorder()
+    llm = LLM(SchedulerConfig(debug_checks=True, **config), PagedKVCacheManager(num_blocks, 4), MarkovBackend(),
+              MarkovTokenizer(), max_model_len=256, observer=observer, speculative=speculative)
+    outputs = llm.generate(prompts, params)
+    speculator = llm.core.scheduler.speculator
+    return outputs, None if speculator is None else speculator.counters, observer.count
+
+
+def seen(outputs: list[RequestOutput]) -> list[list[tuple[Any, ...]]]:
+    """Everything a client sees of each choice."""
+    return [[(c.token_ids, c.text, c.logprobs, c.finish_reason, c.stop_reason) for c in out.choices]
+            for out in outputs] + [[(out.completion_tokens,)] for out in outputs]
+
+
+PROMPTS = [[3 + (7 * i + j) % 20 for j in range(5 + i)] for i in range(6)]
+SHARED = [[5, 6, 7, 8, 9, 10, 11, 12, 3 + i] for i in range(8)]  # two shared 4-token blocks: prefix-cache hits
+
+CASES = {
+    "greedy": (PROMPTS, SamplingParams(temperature=0.0, max_tokens=40), 64, {}),
+    "seeded, n=2": (PROMPTS, SamplingParams(temperature=0.8, seed=5, max_tokens=40, n=2), 64, {}),
+    "preempted on a small pool": (SHARED, SamplingParams(temperature=0.0, max_tokens=30), 12,
+                                  {"max_num_batched_tokens": 16, "max_num_seqs": 4}),
+    "stop strings, logprobs": (SHARED, SamplingParams(temperature=0.7, seed=1, max_tokens=30, stop=("k", "mn"),
+                                                      logprobs=True, top_logprobs=2), 40, {}),
+    "n=3, priority": (SHARED, SamplingParams(temperature=0.0, max_tokens=25, n=3), 40, {"scheduling": "priority"}),
+    "top-k, top-p, tight budget": (SHARED, SamplingParams(temperature=1.0, seed=9, max_tokens=25, top_k=5,
+                                                          top_p=0.9), 20, {"max_num_batched_tokens": 8}),
+    "stop token ids, include_stop_str": (PROMPTS, SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(9,),
+                                                                 stop=("q",), include_stop_str_in_output=True),
+                                         64, {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_outputs_are_those_without_speculation(case: str) -> None:
+    prompts, params, blocks, config = CASES[case]
+    plain, _, _ = generate(prompts, params, None, blocks, **config)
+    guessed, counters, preempted = generate(prompts, params, NGRAM, blocks, **config)
+    assert seen(guessed) == seen(plain)
+    assert counters is not None and counters.accepted > 0  # guesses were kept...
+    assert counters.proposed > counters.accepted  # ...and rejected
+    if case.startswith("preempted"):
+        assert preempted > 0
+
+
+def test_a_stop_string_amid_kept_guesses_ends_the_choice_there() -> None:
+    """A prompt that already holds the chain's cycle: the first step keeps all its guesses, and the stop string
+    ends the text in the middle of them; no token after it is shown or counted."""
+    cycle = generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=30), None)[0][0].choices[0]
+    stop = cycle.text[4:6]
+    params = SamplingParams(temperature=0.0, max_tokens=40, stop=(stop,))
+    prompt = PROMPTS[0] + cycle.token_ids
+    plain, _, _ = generate([prompt], params, None)
+    recorder = Recorder()
+    guessed, counters, _ = generate([prompt], params, NGRAM, observer=recorder)
+    assert counters is not None and counters.accepted >= 2
+    assert seen(guessed) == seen(plain)
+    choice = guessed[0].choices[0]
+    end = cycle.text.index(stop)  # one letter a token: the text before the stop, then the stop's own tokens
+    assert choice.text == cycle.text[:end] and choice.finish_reason == "stop"
+    assert guessed[0].completion_tokens == len(choice.token_ids) == end + len(stop)
+    assert list(recorder.finished[0].token_ids[0]) == prompt + choice.token_ids  # the engine's list kept none either
+
+
+def test_keeping_guesses_takes_fewer_steps() -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=60)
+    llms = [LLM(SchedulerConfig(debug_checks=True), PagedKVCacheManager(64, 4), MarkovBackend(), MarkovTokenizer(),
+                max_model_len=256, speculative=spec) for spec in (None, NGRAM)]
+    steps = []
+    for llm in llms:
+        outputs = llm.generate([PROMPTS[0]], params)
+        assert outputs[0].completion_tokens == 60
+        steps.append(len(llm.backend.steps))  # type: ignore[attr-defined]
+    assert steps[1] < 0.6 * steps[0]
+
+
+def test_a_guessing_step_samples_every_guessed_position() -> None:
+    backend = MarkovBackend()
+    llm = LLM(SchedulerConfig(debug_checks=True), PagedKVCacheManager(64, 4), backend, MarkovTokenizer(),
+              max_model_len=256, speculative=NGRAM)
+    llm.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=30))
+    guessing = [b for b in backend.steps if b.sample_lag is not None]
+    assert guessing
+    for batch in guessing:
+        assert batch.sample_lag is not None
+        lags = batch.sample_lag.tolist()
+        assert lags[-1] == 0 and lags == list(range(lags[0], -1, -1))  # one sequence: k..0
+        assert batch.num_tokens == len(lags)  # its own token and its guesses, each sampled
+
+
+def test_sampled_tokens_follow_the_model_distribution() -> None:
+    """Many seeded requests at temperature 0.8 with guessing on: the transitions they sample fit the chain's own
+    probabilities (chi-square, over every cell expected 5 times or more)."""
+    backend = MarkovBackend()
+    temperature = 0.8
+    prompts = [[3 + i % 20] for i in range(300)]
+    counts = np.zeros((VOCAB, VOCAB))
+    guessed = SpecCounters("ngram")
+    for batch in range(3):
+        params = [SamplingParams(temperature=temperature, seed=1000 * batch + i, max_tokens=24) for i in range(100)]
+        for prompt, p in zip(prompts[100 * batch : 100 * (batch + 1)], params, strict=True):
+            outputs, counters, _ = generate([prompt], p, NGRAM)
+            tokens = prompt + outputs[0].choices[0].token_ids
+            for a, b in zip(tokens, tokens[1:], strict=False):
+                counts[a, b] += 1
+            assert counters is not None
+            guessed.proposed += counters.proposed
+            guessed.accepted += counters.accepted
+    assert guessed.accepted > 0 and guessed.proposed > guessed.accepted
+    expected = np.array([counts[a].sum() * backend.probabilities(a, temperature) for a in range(VOCAB)])
+    cells = expected >= 5
+    chi2 = float((((counts - expected) ** 2)[cells] / expected[cells]).sum())
+    dof = int(cells.sum()) - int((expected.sum(axis=1) > 0).sum())
+    assert chi_square_tail(chi2, dof) > 1e-3
+
+
+def chi_square_tail(x: float, dof: int) -> float:
+    """P(X >= x) for X chi-square with `dof` degrees of freedom (Wilson-Hilferty: within 1e-3 for dof >= 10)."""
+    third = 2 / (9 * dof)
+    z = ((x / dof) ** (1 / 3) - (1 - third)) / math.sqrt(third)
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# --- the proposer ------------------------------------------------------------------------------------------
+
+
+def test_prompt_lookup_proposes_what_followed_the_longest_match() -> None:
+    index = NgramIndex(ngram_max=3)
+    tokens = [1, 2, 3, 9, 1, 2, 4, 7, 5, 1, 2]
+    assert index.propose(tokens, 3) == [4, 7, 5]  # "1 2" last occurred before 4 (longest: "5 1 2" never did)
+    tokens += [3]
+    assert index.propose(tokens, 2) == [9, 1]  # "1 2 3" matches at the start
+
+
+def test_prompt_lookup_never_matches_the_suffix_with_itself() -> None:
+    index = NgramIndex(ngram_max=4)
+    assert index.propose([5], 3) == []
+    assert index.propose([5, 6, 7], 3) == []
+    assert index.propose([5, 6, 7, 5], 3) == [6, 7, 5]
+
+
+def test_guess_length_adapts_and_pauses_after_misses() -> None:
+    state = Guessing(NgramIndex(2), k=2)
+    state.observe(2, 2, step=1, most=4)
+    assert state.k == 3
+    state.observe(3, 1, step=2, most=4)
+    assert state.k == 2
+    for step in range(3, 3 + MISSES_BEFORE_PAUSE):
+        state.observe(2, 0, step=step, most=4)
+    assert state.paused_until > 3 + MISSES_BEFORE_PAUSE - 1
+    first_pause = state.pause
+    for step in range(100, 100 + MISSES_BEFORE_PAUSE):
+        state.observe(1, 0, step=step, most=4)
+    assert state.pause == 2 * first_pause  # failing again doubles the pause
+
+
+def test_guesses_fit_what_the_budget_leaves() -> None:
+    proposals = Proposals(np.array([3, 0, 4]), {0: [1, 2, 3], 2: [4, 5, 6, 7]})
+    assert proposals.fitted(0) is None
+    assert proposals.fitted(10) is proposals.lens
+    assert proposals.fitted(5).tolist() == [3, 0, 2]  # type: ignore[union-attr]
+
+
+def test_speculation_settings_are_checked() -> None:
+    for bad in ({"speculative_method": "draft"}, {"num_speculative_tokens": 0}, {"ngram_max": 0}):
+        with pytest.raises(ValueError):
+            SpeculativeConfig(**bad)  # type: ignore[arg-type]
+    assert not SpeculativeConfig().enabled
