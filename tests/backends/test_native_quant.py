@@ -81,7 +81,7 @@ def shapes_for(qtype: Q) -> list[tuple[int, int]]:
 @pytest.mark.parametrize(("qtype", "inner", "outputs"),
                          [(qtype, *shape) for qtype in QUANTIZED + FLOATS for shape in shapes_for(qtype)],
                          ids=lambda v: getattr(v, "name", str(v)))
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, MAX_ROWS])
 def test_the_float32_copys_results(matmul: NativeMatmul, qtype: Q, inner: int, outputs: int, rows: int) -> None:
     w = stored(qtype, outputs, inner, seed=inner + outputs)
     x = activations(rows, inner, seed=rows)

@@ -24,7 +24,19 @@
 static inline int nibble_ordered(int32_t type) { return (void)type, 0; }
 #endif
 
-/* Tile t (weight rows t * TILE ..) for `pair` (1 or 2) rows of x; `type` a constant (DISPATCH_TYPE). */
+/* Rows of x a tile takes at once: NEON's registers hold two rows' accumulators (in two passes); elsewhere up to
+ * four, and steps of up to four rows stay on the tiles (MIN_BLOCKED_QROWS) instead of dequantizing strips into
+ * a buffer, which costs more than it saves below five rows. The AVX-512 build (QUANT_WIDE) keeps its own
+ * paths from three rows. */
+#if defined(SIMD_NEON) || QUANT_WIDE
+#define TILE_ROWS 2
+#define MIN_BLOCKED_QROWS MIN_BLOCKED_ROWS
+#else
+#define TILE_ROWS 4
+#define MIN_BLOCKED_QROWS 5
+#endif
+
+/* Tile t (weight rows t * TILE ..) for `pair` (1..TILE_ROWS) rows of x; `type` a constant (DISPATCH_TYPE). */
 #if defined(SIMD_NEON)
 #define HALF_TILE 4 /* weight rows of a tile a NEON pass takes: for two rows of x, 8 accumulator pairs */
 
@@ -81,9 +93,51 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
     }
 }
 #else
-static inline __attribute__((always_inline)) void tile_pair_t(const float *x, const Weights *w, float *y,
-                                                              int64_t pair, int64_t k, int64_t n, int64_t t,
-                                                              int add, const int32_t type) {
+/* `rows` (1..TILE_ROWS, a constant once inlined) rows of x against tile t: each weight row's block is
+ * dequantized into registers once and used by every row of x, each (row of x, weight row) pair one FMA chain in
+ * the same order whatever `rows` is, so a row's result does not depend on the rows beside it. */
+static inline __attribute__((always_inline)) void tile_rows_t(const float *x, const Weights *w, float *y,
+                                                              const int64_t rows, int64_t k, int64_t n,
+                                                              int64_t t, int add, const int32_t type) {
+    const int64_t blocks = k / QBLOCK, chunks = k / LANES;
+    const vec8 *xs = (const vec8 *)x;
+    const int64_t kc = k / LANES; /* a row of x, in vec8 */
+    vec8 acc[TILE_ROWS][TILE];
+    KScales ks[TILE]; /* each row's, decoded once per super-block (K-quants) */
+    for (int i = 0; i < TILE_ROWS; i++)
+        for (int j = 0; j < TILE; j++) acc[i][j] = (vec8){0};
+    Ahead ahead = next_tile_ahead(w, n, t, blocks);
+    const int64_t step = block_step(type);
+    for (int64_t b0 = 0; b0 < blocks; b0 += step)
+#pragma GCC unroll 8
+        for (int64_t b = b0; b < b0 + step; b++) {
+            ahead_step(&ahead);
+            for (int j = 0; j < TILE; j++) k_scales_at(weights_row(w, t * TILE + j), type, b, &ks[j]);
+            for (int j = 0; j < TILE; j++) {
+                vec8 v[4];
+                deq_block(weights_row(w, t * TILE + j), type, b, &ks[j], v);
+                for (int u = 0; u < 4; u++)
+                    for (int i = 0; i < rows; i++) acc[i][j] = fma8(xs[i * kc + 4 * b + u], v[u], acc[i][j]);
+            }
+        }
+    for (int64_t c = blocks * 4; c < chunks; c++) /* the float types' last chunks, past whole blocks */
+        for (int j = 0; j < TILE; j++) {
+            const vec8 v = deq8_float(weights_row(w, t * TILE + j), type, c);
+            for (int i = 0; i < rows; i++) acc[i][j] = fma8(xs[i * kc + c], v, acc[i][j]);
+        }
+    for (int64_t i = 0; i < rows; i++) {
+        vec8 dots = hsum8(acc[i]);
+        float *out = y + i * n + t * TILE;
+        if (add) dots += *(const vec8 *)out;
+        __builtin_memcpy(out, &dots, sizeof dots);
+    }
+}
+
+/* The 1-2 row tile (the decode step's): two named accumulator sets, which GCC keeps in registers better than
+ * tile_rows_t's array for one row (a batch-1 step is 9 % slower through it on AVX2). */
+static inline __attribute__((always_inline)) void tile_two_t(const float *x, const Weights *w, float *y,
+                                                             int64_t pair, int64_t k, int64_t n, int64_t t,
+                                                             int add, const int32_t type) {
     const int64_t blocks = k / QBLOCK, chunks = k / LANES;
     const vec8 *x0 = (const vec8 *)x, *x1 = (const vec8 *)(x + (pair > 1 ? k : 0));
     vec8 acc0[TILE], acc1[TILE];
@@ -118,9 +172,26 @@ static inline __attribute__((always_inline)) void tile_pair_t(const float *x, co
         __builtin_memcpy(out, &dots, sizeof dots);
     }
 }
+
+#define tile_pair_t tile_two_t
+
+/* Tile t for 3 or 4 rows of x: out of line, so that the 1-2 row path's code is what it was (inlining these into
+ * project_tile_q made a batch-1 step 10 % slower). */
+__attribute__((noinline)) static void tile_more_rows(const float *x, const Weights *w, float *y, int64_t rows,
+                                                     int64_t k, int64_t n, int64_t t, int add) {
+#define TILE_3(T) tile_rows_t(x, w, y, 3, k, n, t, add, T)
+#define TILE_4(T) tile_rows_t(x, w, y, 4, k, n, t, add, T)
+    if (rows == 3) {
+        DISPATCH_TYPE(w->type, TILE_3)
+    } else {
+        DISPATCH_TYPE(w->type, TILE_4)
+    }
+#undef TILE_3
+#undef TILE_4
+}
 #endif
 
-/* Tile t for every row of x, two rows at a time (each weight dequantized once per pair). */
+/* Tile t for every row of x, TILE_ROWS rows at a time (each weight dequantized once per group of rows). */
 static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
                            int add) {
 #if QUANT_WIDE
@@ -130,6 +201,13 @@ static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m
     }
     if (quant_wide_for(w->type, k)) {
         project_tile_wide(x, w, y, m, k, n, t, add);
+        return;
+    }
+#endif
+#if TILE_ROWS > 2
+    if (m > 2) {
+        for (int64_t i = 0; i < m; i += TILE_ROWS)
+            tile_more_rows(x + i * k, w, y + i * n, m - i < TILE_ROWS ? m - i : TILE_ROWS, k, n, t, add);
         return;
     }
 #endif
@@ -269,7 +347,7 @@ static inline void project_weights(const float *x, const Weights *w, float *y, i
         return;
     }
     x = x_as_read(x, w, m, k, buf, shared);
-    const int blocked = m >= MIN_BLOCKED_ROWS; /* the same on every thread: the loop's bounds must be */
+    const int blocked = m >= MIN_BLOCKED_QROWS; /* the same on every thread: the loop's bounds must be */
     const int64_t width = blocked ? STRIP * GROUP : TILE, parts = n / width;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t <= parts; t++) {
