@@ -2,9 +2,10 @@
  *
  * The arithmetic is matmul.h's, on the same dequantized floats, in the same order, so a row gets the same result
  * from the stored matrix as from its float32 copy, in any batch:
- *   1-2 rows of x: tiles of 8 weight rows, each weight dequantized in registers once and used for every row
- *     of x (tile_dots' chains: one accumulator per weight row, summed in hsum8's order);
- *   3 rows and more: each group of strips (GROUP * STRIP weight rows) is dequantized into a per-thread buffer,
+ *   1-2 rows of x (1-4 on x86 without AVX-512: TILE_ROWS): tiles of 8 weight rows, each weight dequantized in
+ *     registers once and used for every row of x (tile_dots' chains: one accumulator per weight row, summed in
+ *     hsum8's order);
+ *   more rows: each group of strips (GROUP * STRIP weight rows) is dequantized into a per-thread buffer,
  *     which every register block of x rows then passes (pass_strips), while the next group's stored bytes
  *     are prefetched into L2.
  * A batch-1 step thus reads 97 MB of the default model instead of 538 MB, and pays the dequantization once
