@@ -96,6 +96,7 @@ def sub_batch(batch: StepBatch, rows: Rows, block_size: int) -> StepBatch:
         query_start=np.concatenate([[0], np.cumsum(ends - starts)]).astype(batch.query_start.dtype),
         context_lens=batch.context_lens[rows], block_tables=batch.block_tables[rows],
         sample_rows=np.searchsorted(rows, batch.sample_rows[kept]).astype(batch.sample_rows.dtype),
+        sample_lag=None if batch.sample_lag is None else batch.sample_lag[kept],
         # no sampled row: no inputs, as in any step that samples nothing (a backend then returns no logprobs)
         sampling=None if batch.sampling is None or not kept.size else _sub_sampling(batch.sampling, kept),
         # a copy belongs to the row that writes its destination; re-doing another's would undo that row's writes

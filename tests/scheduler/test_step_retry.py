@@ -6,6 +6,7 @@ and on the sim backend."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -216,3 +217,16 @@ def test_parts_merge_into_the_steps_order() -> None:
     merged = merged_output(batch, [(np.array([0, 2]), first)])
     assert merged.token_ids.tolist() == [7, 0, 9] and merged.logprobs is not None
     assert merged.logprobs.tolist() == [-0.5, 0.0, -0.25]
+
+
+def test_a_sub_batch_keeps_its_rows_guessed_positions() -> None:
+    """A sequence verifying guesses samples several positions (sample_lag): a part keeps each one's lag."""
+    batch = replace(batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 3], [20, 17, 20], [0, 1, 2, 2, 2]),
+                    sample_lag=np.array([0, 0, 2, 1, 0], np.int32))
+    part = sub_batch(batch, np.array([1, 2]), BLOCK)
+    assert part.sample_rows.tolist() == [0, 1, 1, 1] and part.sample_lag is not None
+    assert part.sample_lag.tolist() == [0, 2, 1, 0]
+    assert part.sample_token_rows().tolist() == [0, 1, 2, 3]  # row 1's one token, then row 2's three
+    merged = merged_output(batch, [(np.array([1, 2]), StepOutput(np.array([5, 6, 7, 8]))),
+                                   (np.array([0]), StepOutput(np.array([4])))])
+    assert merged.token_ids.tolist() == [4, 5, 6, 7, 8]
