@@ -81,7 +81,10 @@ class SpeculativeConfig:
     # off, or ngram: prompt lookup, the tokens that followed the sequence's last n tokens where they last
     # occurred in it (1 <= n <= ngram_max), found without another model
     speculative_method: str = "off"
-    num_speculative_tokens: int = 4  # the most tokens guessed per sequence and step (k)
+    # the most tokens guessed per sequence and step (k); fewer where the step-cost model says a guess is not
+    # worth its row (scheduler/speculation.py). 3: a CPU's stored-weight kernels verify up to 4 rows for about
+    # 1.6x one row's time, 5 for 2.9x (PERFORMANCE.md, "Speculative decoding")
+    num_speculative_tokens: int = 3
     ngram_max: int = 4  # the longest n-gram matched; longer matches are tried first
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.base import LongArray
+from backends.step_shape import CostCoefficients, StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import Drafts
 from scheduler.persistent_batch import PersistentBatch
@@ -42,24 +43,39 @@ class Proposals:
         return np.clip(room - before, 0, self.lens)
 
 
-def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, persistent: PersistentBatch
-            ) -> Proposals | None:
+def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, persistent: PersistentBatch,
+            cost: CostCoefficients | None) -> Proposals | None:
     """Guesses for the running sequences that decode their next token, may guess (no penalties, grammar or
-    min_tokens still to reach) and have room under their length limit; None when none has any."""
+    min_tokens still to reach) and have room under their length limit, as many as `cost` says are worth it
+    (None: as many as allowed); None when none has any."""
     known, computed = persistent.num_tokens[rows], persistent.computed[rows]
     room = persistent.stops.limit[rows] - known - 1  # k + 1 new tokens must stay within max_tokens and the context
     may = (known - computed == 1) & (known > persistent.prompt_lens[rows]) & (room > 0)
     may &= persistent.sampling.may_guess(rows)
+    threshold = 0.0 if cost is None else guess_threshold(cost, known - computed == 1, known)
     lens = np.zeros(len(rows), np.int64)
     tokens: dict[int, list[int]] = {}
     for i in np.flatnonzero(may).tolist():
         seq = running[i]
         if seq.num_output_tokens < seq.params.min_tokens:
             continue
-        guesses = speculator.propose(seq.seq_id, seq.token_ids, int(room[i]))
+        guesses = speculator.propose(seq.seq_id, seq.token_ids, int(room[i]), threshold)
         if guesses:
             lens[i], tokens[i] = len(guesses), guesses
     return Proposals(lens, tokens) if tokens else None
+
+
+def guess_threshold(cost: CostCoefficients, decoding: np.ndarray, known: LongArray) -> float:
+    """What one more guessed row adds to the step's decode part, over the time per token of that part: a guess
+    is worth making when the chance it is kept is at least this."""
+    n = int(decoding.sum())
+    if n == 0:
+        return 0.0
+    context = int(known[decoding].sum())
+    step_s = cost.seconds(StepShape(n, n, context, context))
+    each = context // n
+    more_s = cost.seconds(StepShape(n + 1, n + 1, context + each, context + each)) - step_s
+    return more_s * n / step_s if step_s > 0 else 0.0
 
 
 def drafts_of(proposals: Proposals, granted: LongArray) -> Drafts:

@@ -265,7 +265,8 @@ class Scheduler:
             return None
         self.speculator.next_step()
         _, rows = self._running_index()
-        return propose(self.speculator, self.running, rows, self.rows)
+        return propose(self.speculator, self.running, rows, self.rows,
+                       None if self.cost is None else self.cost.coefficients)
 
     def _prefill_time(self, proposals: Proposals | None = None) -> PrefillTime | None:
         """The target's time left for prefill after the decode part (guesses included), when a target is set and

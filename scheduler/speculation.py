@@ -8,20 +8,28 @@ a proposal that is one token (a point mass, as prompt lookup's is), keeping a gu
 equals it is rejection sampling's rule (accept with probability p(guess), else draw from the rest of p).
 
 Proposals come from prompt lookup (`ngram`): the tokens that followed the sequence's last n tokens where
-those n tokens last occurred earlier in it, longest n first. Each sequence's k adapts to how its guesses
-fare: it grows while they are all kept, falls to what was kept plus one otherwise, and after guesses keep
-failing the sequence stops guessing for a while (a backoff that doubles), so a stream that never repeats
-itself pays for a guess only now and then.
+those n tokens last occurred earlier in it, longest n first. How many a sequence guesses (at most
+num_speculative_tokens) weighs what a guess costs against what it is worth: the scheduler's step-cost model
+prices one more row beside the step's decode part, a kept token is worth the time per token of that part
+(its time over its sequences), and the j-th guess is kept with probability rate^j, the sequence's own
+rate of guesses kept. So a lone stream on a CPU, whose step is bound by reading the weights, guesses freely,
+while a large batch, whose rows cost nearly what a step per token does, guesses only where its guesses
+are nearly always right. After guesses keep failing, a sequence stops guessing for a while (a backoff that
+doubles), so a stream that never repeats itself pays for a guess only now and then.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from scheduler.config import SpeculativeConfig
 
 MISSES_BEFORE_PAUSE = 2  # steps in a row with no guess kept before a sequence pauses its guessing
 MAX_PAUSE = 64  # the longest pause, in steps
+PRIOR_WEIGHT = 2.0  # guesses' worth of evidence a new sequence starts with, at the engine's recent rate
+DECAY = 0.8  # of a sequence's counts at each verification: its last few steps decide
+ENGINE_DECAY = 0.99  # of the engine's counts at each verification: its last few hundred decide
 
 
 @dataclass
@@ -51,21 +59,38 @@ class NgramIndex:
 
 @dataclass
 class Guessing:
-    """One sequence's proposer state and how many tokens it guesses next."""
+    """One sequence's proposer state and how its guesses fare: each guess is kept with the probability `rate`
+    (the kept / tried counts, decayed), the first rejected one ending the run. A new sequence starts from the
+    engine's recent rate: a workload that repeats its prompts guesses fully from its first steps."""
 
     index: NgramIndex
-    k: int
+    kept: float = PRIOR_WEIGHT / 2
+    tried: float = PRIOR_WEIGHT
     misses: int = 0  # steps in a row whose guesses were all rejected
     pause: int = 0  # the length of the next pause
     paused_until: int = 0  # the step from which it guesses again
 
-    def observe(self, proposed: int, accepted: int, step: int, most: int) -> None:
-        if accepted == proposed:
-            self.k, self.misses, self.pause = min(most, self.k + 1), 0, 0
-            return
-        self.k = max(1, accepted + 1)
+    @property
+    def rate(self) -> float:
+        return self.kept / self.tried
+
+    def worth(self, threshold: float, most: int) -> int:
+        """Guesses worth making: the j-th is kept with probability rate^j, and is worth its cost while that is
+        at least `threshold` (a guess's cost over a kept token's worth)."""
+        rate = self.rate
+        if threshold <= 0 or rate >= 1:
+            return most
+        if rate <= 0 or threshold >= 1:
+            return 0
+        return min(most, int(math.log(threshold) / math.log(rate)))
+
+    def observe(self, proposed: int, accepted: int, step: int) -> None:
+        tried = accepted + (accepted < proposed)  # those after the first rejected one were never judged
+        self.kept, self.tried = DECAY * self.kept + accepted, DECAY * self.tried + tried
         self.misses = self.misses + 1 if accepted == 0 else 0
-        if self.misses >= MISSES_BEFORE_PAUSE:
+        if accepted:
+            self.pause = 0
+        elif self.misses >= MISSES_BEFORE_PAUSE:
             self.pause = min(MAX_PAUSE, 2 * self.pause or 1)
             self.paused_until, self.misses = step + self.pause, 0
 
@@ -89,16 +114,20 @@ class Speculator:
         self.counters = SpecCounters(config.speculative_method)
         self._states: dict[int, Guessing] = {}
         self._step = 0
+        self._recent = Guessing(NgramIndex(0))  # every sequence's verifications, decayed: a new one's prior
 
-    def propose(self, seq_id: int, tokens: list[int], most: int) -> list[int]:
-        """At most `most` guesses of the tokens after `tokens` (the sequence's, its last one not yet computed)."""
+    def propose(self, seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
+        """At most `most` guesses of the tokens after `tokens` (the sequence's, its last one not yet computed),
+        as many as are worth `threshold` (Guessing.worth)."""
         state = self._states.get(seq_id)
         if state is None:
-            state = self._states[seq_id] = Guessing(NgramIndex(self.config.ngram_max),
-                                                    self.config.num_speculative_tokens)
+            rate = self._recent.rate
+            state = self._states[seq_id] = Guessing(NgramIndex(self.config.ngram_max), rate * PRIOR_WEIGHT,
+                                                    PRIOR_WEIGHT)
         if self._step < state.paused_until:
             return []
-        return state.index.propose(tokens, min(most, state.k))
+        k = state.worth(threshold, min(most, self.config.num_speculative_tokens))
+        return state.index.propose(tokens, k) if k else []
 
     def observe(self, seq_id: int, proposed: int, accepted: int) -> None:
         counters = self.counters
@@ -106,7 +135,10 @@ class Speculator:
                                                                 counters.accepted + accepted)
         state = self._states.get(seq_id)
         if state is not None:
-            state.observe(proposed, accepted, self._step, self.config.num_speculative_tokens)
+            state.observe(proposed, accepted, self._step)
+        tried = accepted + (accepted < proposed)
+        recent = self._recent
+        recent.kept, recent.tried = ENGINE_DECAY * recent.kept + accepted, ENGINE_DECAY * recent.tried + tried
 
     def next_step(self) -> None:
         self._step += 1

@@ -9,13 +9,15 @@ import pytest
 
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.backend import NumpyBackend
+from backends.step_shape import CostCoefficients
 from kvpool import PagedKVCacheManager
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.engine import Engine
 from scheduler.llm import LLM
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
+from scheduler.step_cost import StepCostModel
 from telemetry.interface import NullObserver
 
 PROMPTS = [
@@ -40,9 +42,10 @@ def backend(model: LoadedModel) -> Iterator[NumpyBackend]:
 
 
 def make_llm(model: LoadedModel, backend: NumpyBackend, num_blocks: int = 160,
-             observer: NullObserver | None = None) -> LLM:
+             observer: NullObserver | None = None, speculative: SpeculativeConfig | None = None) -> LLM:
     kv = PagedKVCacheManager(num_blocks, 16)
-    return LLM(SchedulerConfig(), kv, backend, model.files.tokenizer, max_model_len=2048, observer=observer)
+    return LLM(SchedulerConfig(debug_checks=speculative is not None), kv, backend, model.files.tokenizer,
+               max_model_len=2048, observer=observer, speculative=speculative)
 
 
 def encode(model: LoadedModel, text: str) -> list[int]:
@@ -78,6 +81,24 @@ def test_preempted_request_gives_the_same_tokens(model: LoadedModel, backend: Nu
     cramped = tight.generate(prompts, params)
     assert observer.preempted  # the scenario really preempted someone
     assert [o.choices[0].token_ids for o in cramped] == [o.choices[0].token_ids for o in roomy]
+
+
+def test_guessing_changes_no_token_under_preemption_and_prefix_hits(model: LoadedModel, backend: NumpyBackend
+                                                                     ) -> None:
+    """Sixteen greedy requests, four of them sharing a prompt (prefix-cache hits), in a pool too small for all:
+    with prompt lookup's guesses verified in the steps, every token is what it is without them (exact
+    precision: each row's logits are its own, whatever else the step computes)."""
+    prompts = [encode(model, p) for p in PROMPTS[:12]] + [encode(model, "1, 2, 3, 4, 5, 6, 7, 8,")] * 4
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    plain = make_llm(model, backend, num_blocks=24).generate(prompts, params)
+    observer = PreemptionCounter()
+    llm = make_llm(model, backend, num_blocks=24, observer=observer, speculative=SpeculativeConfig("ngram"))
+    llm.core.scheduler.cost = StepCostModel(CostCoefficients())  # guesses cost nothing: all are made, even at 16
+    guessed = llm.generate(prompts, params)
+    assert [o.choices[0].token_ids for o in guessed] == [o.choices[0].token_ids for o in plain]
+    speculator = llm.core.scheduler.speculator
+    assert speculator is not None and speculator.counters.accepted > 0
+    assert observer.preempted
 
 
 class PreemptionCounter(NullObserver):

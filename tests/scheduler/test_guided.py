@@ -15,7 +15,7 @@ import pytest
 from backends.model.loader import ModelFiles, open_model
 from backends.sampling import allowed_matrix
 from kvpool import PagedKVCacheManager
-from scheduler.config import SchedulerConfig
+from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.errors import InvalidRequestError
 from scheduler.guided import GuideFactory
 from scheduler.llm import LLM
@@ -52,11 +52,11 @@ class Preemptions(NullObserver):
 
 
 def make_llm(files: ModelFiles, guides: GuideFactory | None, blocks: int = 256,
-             observer: NullObserver | None = None) -> LLM:
+             observer: NullObserver | None = None, speculative: SpeculativeConfig | None = None) -> LLM:
     sim = sim_backend(files)
     sim.init_cache(blocks, 16)
     return LLM(SchedulerConfig(), PagedKVCacheManager(blocks, 16), sim, files.tokenizer, max_model_len=2048,
-               guides=guides, observer=observer)
+               guides=guides, observer=observer, speculative=speculative)
 
 
 @pytest.mark.parametrize(("kind", "value", "says"), [
@@ -105,6 +105,33 @@ def test_a_guided_sequence_follows_its_grammar_on_random_tokens(files: ModelFile
         choice = out.choices[0]
         assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", choice.text), choice.text
         assert choice.finish_reason == "stop"
+
+
+def test_with_speculation_guided_rows_do_not_guess_and_their_neighbours_do(files: ModelFiles,
+                                                                             guides: GuideFactory) -> None:
+    """A grammar's mask at each position would depend on the guesses before it: guided rows do not guess, and
+    keep their grammar; unguided rows beside them guess, their tokens those they get without guessing."""
+    guided = SamplingParams(max_tokens=30, seed=11, guide=guides.compile("json_schema", SCHEMA, "x"))
+    plain = SamplingParams(max_tokens=24, temperature=0.0)
+    outputs, asked = [], []
+
+    def guess(seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
+        asked.append(seq_id)  # the sim's tokens are pseudo-random: guess the last one again, mostly wrong
+        return [tokens[-1]] * min(2, most)
+
+    for speculative in (None, SpeculativeConfig("ngram")):
+        llm = make_llm(files, guides, speculative=speculative)
+        if llm.core.scheduler.speculator is not None:
+            llm.core.scheduler.speculator.propose = guess  # type: ignore[method-assign]
+        streams = [llm.core.add_request(_request("g", prompt(10), guided)),
+                   llm.core.add_request(_request("p", prompt(3), plain))]
+        llm.run_until_idle()
+        outputs.append([s.take_finished().choices[0] for s in streams])
+    guided_seq, plain_seq = 0, 1  # seq ids, in the order added
+    assert asked and guided_seq not in asked and plain_seq in asked
+    (guided_alone, plain_alone), (guided_now, plain_now) = outputs
+    assert plain_now.token_ids == plain_alone.token_ids
+    assert guided_now.token_ids == guided_alone.token_ids and json.loads(guided_now.text)["tag"] in ("a", "b")
 
 
 def test_choices_and_sampled_rows_each_follow_their_own_grammar(files: ModelFiles, guides: GuideFactory) -> None:

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backends.step_shape import CostCoefficients
 from kvpool import PagedKVCacheManager
 from scheduler.config import SchedulerConfig, SpeculativeConfig
-from scheduler.guesses import Proposals
+from scheduler.guesses import Proposals, guess_threshold
 from scheduler.llm import LLM
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
@@ -60,7 +61,7 @@ def seen(outputs: list[RequestOutput]) -> list[list[tuple[Any, ...]]]:
 PROMPTS = [[3 + (7 * i + j) % 20 for j in range(5 + i)] for i in range(6)]
 SHARED = [[5, 6, 7, 8, 9, 10, 11, 12, 3 + i] for i in range(8)]  # two shared 4-token blocks: prefix-cache hits
 
-CASES = {
+CASES: dict[str, tuple[list[list[int]], SamplingParams, int, dict[str, Any]]] = {
     "greedy": (PROMPTS, SamplingParams(temperature=0.0, max_tokens=40), 64, {}),
     "seeded, n=2": (PROMPTS, SamplingParams(temperature=0.8, seed=5, max_tokens=40, n=2), 64, {}),
     "preempted on a small pool": (SHARED, SamplingParams(temperature=0.0, max_tokens=30), 12,
@@ -86,6 +87,19 @@ def test_outputs_are_those_without_speculation(case: str) -> None:
     assert counters.proposed > counters.accepted  # ...and rejected
     if case.startswith("preempted"):
         assert preempted > 0
+
+
+def test_penalised_rows_do_not_guess_and_min_tokens_waits() -> None:
+    """A penalty reads the tokens before each position, which guesses would have to stand in for: such rows
+    do not guess. min_tokens bans EOS until it is reached: a row guesses only after that."""
+    penalised = SamplingParams(temperature=0.0, max_tokens=30, presence_penalty=0.5, frequency_penalty=0.3)
+    plain, _, _ = generate(PROMPTS, penalised, None)
+    guessed, counters, _ = generate(PROMPTS, penalised, NGRAM)
+    assert seen(guessed) == seen(plain) and counters is not None and counters.proposed == 0
+    waiting = SamplingParams(temperature=0.0, max_tokens=30, min_tokens=12, ignore_eos=False)
+    plain, _, _ = generate(PROMPTS, waiting, None)
+    guessed, counters, _ = generate(PROMPTS, waiting, NGRAM)
+    assert seen(guessed) == seen(plain) and counters is not None and counters.accepted > 0
 
 
 def test_a_stop_string_amid_kept_guesses_ends_the_choice_there() -> None:
@@ -184,19 +198,37 @@ def test_prompt_lookup_never_matches_the_suffix_with_itself() -> None:
     assert index.propose([5, 6, 7, 5], 3) == [6, 7, 5]
 
 
-def test_guess_length_adapts_and_pauses_after_misses() -> None:
-    state = Guessing(NgramIndex(2), k=2)
-    state.observe(2, 2, step=1, most=4)
-    assert state.k == 3
-    state.observe(3, 1, step=2, most=4)
-    assert state.k == 2
-    for step in range(3, 3 + MISSES_BEFORE_PAUSE):
-        state.observe(2, 0, step=step, most=4)
-    assert state.paused_until > 3 + MISSES_BEFORE_PAUSE - 1
+def test_guesses_are_made_while_worth_their_cost() -> None:
+    state = Guessing(NgramIndex(2))  # the prior: half the guesses kept
+    assert state.worth(0.0, 4) == 4  # free guesses: all allowed
+    assert state.worth(0.3, 4) == 1  # 0.5 >= 0.3 > 0.25
+    assert state.worth(0.1, 4) == 3
+    assert state.worth(1.0, 4) == 0  # a guess that costs what a token is worth: never
+    for step in range(10):
+        state.observe(3, 3, step)  # all kept, again and again
+    assert state.rate > 0.9 and state.worth(0.5, 4) == 4
+
+
+def test_guessing_pauses_after_misses_and_the_pause_doubles() -> None:
+    state = Guessing(NgramIndex(2))
+    for step in range(MISSES_BEFORE_PAUSE):
+        state.observe(2, 0, step)
+    assert state.paused_until > MISSES_BEFORE_PAUSE - 1
     first_pause = state.pause
     for step in range(100, 100 + MISSES_BEFORE_PAUSE):
-        state.observe(1, 0, step=step, most=4)
+        state.observe(1, 0, step)
     assert state.pause == 2 * first_pause  # failing again doubles the pause
+    state.observe(2, 1, 200)
+    assert state.pause == 0  # a kept guess ends the backoff
+
+
+def test_a_large_batch_guesses_only_what_is_nearly_sure() -> None:
+    """The threshold is a row's cost over a kept token's worth: low alone (the step reads the weights once for
+    any few rows), near 1 when many rows share a step and each costs about what the step does per token."""
+    cost = CostCoefficients(step=8e-3, token=1.5e-3, sampled=0.2e-3)
+    alone = guess_threshold(cost, np.array([True]), np.array([300]))
+    crowded = guess_threshold(cost, np.ones(64, bool), np.full(64, 300))
+    assert alone < 0.25 < 0.8 < crowded < 1
 
 
 def test_guesses_fit_what_the_budget_leaves() -> None:
@@ -209,5 +241,5 @@ def test_guesses_fit_what_the_budget_leaves() -> None:
 def test_speculation_settings_are_checked() -> None:
     for bad in ({"speculative_method": "draft"}, {"num_speculative_tokens": 0}, {"ngram_max": 0}):
         with pytest.raises(ValueError):
-            SpeculativeConfig(**bad)  # type: ignore[arg-type]
+            SpeculativeConfig(**bad)
     assert not SpeculativeConfig().enabled
