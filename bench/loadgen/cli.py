@@ -21,6 +21,7 @@ from bench.loadgen.plot import plot_frontier
 from bench.loadgen.progress import LineProgress, NoProgress
 from bench.loadgen.report import format_cross_check, format_summary, write_json
 from bench.loadgen.spec import Target
+from bench.loadgen.speculation import format_speculation
 
 DESCRIPTION = "benchmark an OpenAI-compatible server (streaming load, latency percentiles, sweeps)"
 EXIT_ALL_FAILED, EXIT_USAGE = 1, 2
@@ -87,6 +88,8 @@ async def _first_model(base_url: str, api_key: str | None) -> str | None:
 def _print(results: Sequence[Measurement]) -> None:
     for m in results:
         print(format_summary(m.summary))
+        if m.speculation is not None:
+            print(format_speculation(m.speculation))
         if m.cross_check is not None:
             print(format_cross_check(m.cross_check))
 
@@ -109,7 +112,7 @@ def _save(args: argparse.Namespace, target: Target, labels: list[str], results: 
 
 def _point(label: str, m: Measurement, with_requests: bool) -> dict[str, Any]:
     point: dict[str, Any] = {"label": label, "shape": m.record.shape, "summary": m.summary,
-                             "cross_check": m.cross_check}
+                             "cross_check": m.cross_check, "speculation": m.speculation}
     if with_requests:
         point["requests"] = m.requests
     return point

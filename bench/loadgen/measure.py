@@ -12,6 +12,7 @@ from bench.loadgen.progress import Progress
 from bench.loadgen.runner import RunRecord, run_load
 from bench.loadgen.slo import Slo
 from bench.loadgen.spec import Bounds, LoadShape, Target
+from bench.loadgen.speculation import Speculation, speculation_between
 from bench.loadgen.workloads import Workload
 
 
@@ -29,18 +30,20 @@ class Measurement:
     requests: tuple[RequestMetrics, ...]  # the successful ones
     summary: Summary
     cross_check: CrossCheck | None
+    speculation: Speculation | None = None  # the server's speculative decoding over the run, when it counts it
 
 
 async def measure(target: Target, workload: Workload, shape: LoadShape, bounds: Bounds,
                   options: Options | None = None, probes: Sequence[Probe] = ()) -> Measurement:
     opts = options or Options()
-    snapshots = MetricsSnapshots(target.base_url) if opts.check_metrics else None
-    all_probes = [*probes, *([snapshots] if snapshots is not None else [])]
-    record = await run_load(target, workload, shape, bounds, opts.progress, all_probes)
+    # Always scraped (counters need no settling unless histograms are compared): /metrics says how many
+    # guessed tokens the server kept over the run.
+    snapshots = MetricsSnapshots(target.base_url, settle_s=0.3 if opts.check_metrics else 0.0)
+    record = await run_load(target, workload, shape, bounds, opts.progress, [*probes, snapshots])
     ok = ok_metrics(record.results, opts.count_tokens)
     summary = summary_of(shape.label(), ok, error_counts(record.results), record.duration_s, opts.slo)
-    check = cross_check(snapshots.before, snapshots.after, ok) if snapshots is not None else None
-    return Measurement(record, ok, summary, check)
+    check = cross_check(snapshots.before, snapshots.after, ok) if opts.check_metrics else None
+    return Measurement(record, ok, summary, check, speculation_between(snapshots.before, snapshots.after))
 
 
 async def measure_all(target: Target, workload: Workload, shapes: Sequence[LoadShape], bounds: Bounds,
