@@ -15,7 +15,7 @@ from backends.config import CPU_ISAS, CPU_KERNELS, CPU_PRECISIONS, KV_CACHE_DTYP
 from backends.sim_backend.clock import CLOCKS
 from backends.sim_backend.profiles import MODEL_SHAPES, PROFILES
 from kvpool.config import KV_LAYOUTS
-from scheduler.config import BATCHING, SCHEDULING
+from scheduler.config import BATCHING, SCHEDULING, SPECULATIVE_METHODS
 from service.config.settings import LOG_LEVELS, PRESETS, TRACE_EXPORTERS, Setting
 
 DTYPES = ("float32", "float16", "bfloat16")  # BackendConfig checks the same three
@@ -153,6 +153,14 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "kv.enable_prefix_caching": SettingDoc("reuse the KV blocks of a prompt prefix already computed"),
     "kv.kv_layout": SettingDoc("paged (blocks as a sequence grows) or contiguous (each sequence reserves "
                                "max_model_len: the baseline without paging)", choices=KV_LAYOUTS),
+    "speculative.speculative_method": SettingDoc(
+        "speculative decoding: off, or ngram (prompt lookup: a decoding sequence guesses the tokens that followed "
+        "its last n tokens earlier in it, and one step verifies the guesses beside its own token; the output is "
+        "the same token for token; docs/CONFIG.md: Speculative decoding)", choices=SPECULATIVE_METHODS),
+    "speculative.num_speculative_tokens": SettingDoc(
+        "most tokens a sequence guesses per step; each sequence's own count adapts below it to how its guesses "
+        "fare"),
+    "speculative.ngram_max": SettingDoc("longest n-gram prompt lookup matches (longer first, down to 1)"),
     "telemetry.trace_exporter": SettingDoc("where spans go; auto: OTLP/HTTP when a collector endpoint is set",
                                            choices=TRACE_EXPORTERS),
     "telemetry.otlp_endpoint": SettingDoc("the collector's base URL (also OTEL_EXPORTER_OTLP_ENDPOINT)",

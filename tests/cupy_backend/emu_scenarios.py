@@ -21,7 +21,7 @@ import numpy as np
 from backends.base import StepBatch, StepOutput
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.quant_weights import DeviceQuant, stored_types
-from backends.manual_batch import SeqState, make_batch
+from backends.manual_batch import SeqState, greedy, make_batch
 from backends.model.loader import load_model, open_model
 from backends.model.quant import QuantMatrix
 from backends.model.weights import StoredTypes
@@ -139,6 +139,16 @@ def greedy_steps(pair: Pair, seqs: list[SeqState], steps: int) -> None:
         last = [[int(t)] for t in want.token_ids]
 
 
+def verify_step(pair: Pair, seqs: list[SeqState]) -> None:
+    """Speculative decoding's step: A computes its next token and two guesses, each position's logits read
+    (sample_lag), beside B's decode."""
+    a, b = seqs[0], seqs[1]
+    batch = make_batch([a, b], [[9, 10, 11], [12]], BLOCK_SIZE)
+    batch = replace(batch, sample_rows=np.array([0, 0, 0, 1], np.int32), sampling=greedy(4),
+                    sample_lag=np.array([2, 1, 0, 0], np.int32))
+    pair.compare_logits(batch, "verify A's two guesses beside B's decode")
+
+
 def expected_kernels(dtype: str) -> set[str]:
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
     names = ["rms_norm", "fused_add_rms_norm", "rope", "reshape_and_cache", "silu_mul"]
@@ -153,6 +163,7 @@ def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
     seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
     # Contexts are 22..32 here; the steps take them past PARTITION_SIZE.
     greedy_steps(pair, seqs, steps=4)
+    verify_step(pair, seqs)
     missing = expected_kernels(dtype) - set(pair.launcher.names)
     assert not missing, f"kernels never launched: {sorted(missing)}"
     print(f"{dtype}: {len(pair.launcher.names)} launches, gemm {pair.cupy.gemm.name}")

@@ -105,6 +105,8 @@ def test_unknown_env_var_is_named() -> None:
     ({"flags": ("--read-timeout-s", "0")}, "read_timeout_s"),
     ({"env": {"PAGEDSERVE_KEEPALIVE_TIMEOUT_S": "-1"}}, "keepalive_timeout_s"),
     ({"file": "[service]\nmax_headers = 2\n"}, "max_headers"),
+    ({"file": "[speculative]\nspeculative_method = 'eagle'\n"}, "speculative_method"),
+    ({"flags": ("--num-speculative-tokens", "0")}, "num_speculative_tokens"),
     ({"file": "not toml ["}, "TOML"),
 ])
 def test_bad_values_are_named(tmp_path: Path, source: dict[str, object], named: str) -> None:
@@ -124,6 +126,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
     (("--max-num-seqs", "lots"), "argument --max-num-seqs: expected an integer, got 'lots'"),
     (("--num-blocks", "many"), "argument --num-blocks: expected an integer (or none), got 'many'"),
     (("--log-level", "loud"), "argument --log-level: expected one of debug, info, warning, error, got 'loud'"),
+    (("--speculative-method", "draft"), "argument --speculative-method: expected one of off, ngram, got 'draft'"),
 ])
 def test_flag_values_are_checked_as_they_are_parsed(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
                                                     message: str) -> None:
