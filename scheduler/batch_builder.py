@@ -54,6 +54,7 @@ class _Layout:
     forks: list[Sequence]  # their parents
     sample_lag: IntArray | None = None  # StepBatch.sample_lag
     verify: Verify | None = None
+    guessed: list[list[int]] | None = None  # per sample row, the guesses before its position
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def build_batch(step_id: int, seqs: list[Sequence], seq_ids: list[int], rows: Lo
     layout = _lay_out(seqs, rows, starts, counts, persistent, drafts)
     sampling = None
     if layout.sampled:
-        sampling = persistent.sampling_inputs(rows[layout.sample_rows], layout.sampled, layout.forked)
+        sampling = persistent.sampling_inputs(rows[layout.sample_rows], layout.sampled, layout.forked,
+                                              layout.guessed)
     batch = StepBatch(
         seq_ids=tuple(seq_ids),
         token_ids=layout.token_ids,
@@ -141,9 +143,10 @@ def _guessing_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, co
     within = np.arange(int(reps.sum()), dtype=np.int32) - np.repeat(first, reps).astype(np.int32)
     sampled = [seq for seq, n in zip(plain.sampled, reps.tolist(), strict=True) for _ in range(n)]
     verify = Verify(first, guesses.astype(np.int32), [drafts.tokens[i] for i in plain.sample_rows.tolist()])
+    before = [row[:j] for row, n in zip(verify.guesses, reps.tolist(), strict=True) for j in range(n)]
     return _Layout(query_start, positions, np.repeat(rows, counts), tokens, plain.prefill,
                    np.repeat(plain.sample_rows, reps), sampled, [int(first[i]) for i in plain.forked], plain.forks,
-                   np.repeat(guesses, reps).astype(np.int32) - within, verify)
+                   np.repeat(guesses, reps).astype(np.int32) - within, verify, before)
 
 
 def _samples(seqs: list[Sequence], samples: Index, first: np.ndarray

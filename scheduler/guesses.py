@@ -45,9 +45,9 @@ class Proposals:
 
 def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, persistent: PersistentBatch,
             cost: CostCoefficients | None) -> Proposals | None:
-    """Guesses for the running sequences that decode their next token, may guess (no penalties, grammar or
-    min_tokens still to reach) and have room under their length limit, as many as `cost` says are worth it
-    (None: as many as allowed); None when none has any."""
+    """Guesses for the running sequences that decode their next token, may guess (no penalties, no min_tokens
+    still to reach) and have room under their length limit, as many as `cost` says are worth it (None: as many
+    as allowed) and, for a guided sequence, as its grammar accepts; None when none has any."""
     known, computed = persistent.num_tokens[rows], persistent.computed[rows]
     room = persistent.stops.limit[rows] - known - 1  # k + 1 new tokens must stay within max_tokens and the context
     may = (known - computed == 1) & (known > persistent.prompt_lens[rows]) & (room > 0)
@@ -60,6 +60,8 @@ def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, pe
         if seq.num_output_tokens < seq.params.min_tokens:
             continue
         guesses = speculator.propose(seq.seq_id, seq.token_ids, int(room[i]), threshold)
+        if guesses and seq.guide is not None:  # what its grammar refuses is no guess: cut before verifying
+            guesses = guesses[: seq.guide.allowed_run(guesses)]
         if guesses:
             lens[i], tokens[i] = len(guesses), guesses
     return Proposals(lens, tokens) if tokens else None

@@ -204,6 +204,17 @@ class Guide:
         self.matcher.consume_token(self.factory.grammar_token(token))
         return bool(self.matcher.is_stopped() or self.matcher.is_error())
 
+    def allowed_run(self, tokens: Seq[int]) -> int:
+        """How many of `tokens`, in order from the first, the grammar accepts from here (state unchanged)."""
+        return int(self.matcher.validate_tokens([self.factory.grammar_token(t) for t in tokens]))
+
+    def after(self, tokens: Seq[int]) -> Guide:
+        """A copy of this place in the grammar, moved on by `tokens` (which it must accept): the place a guessed
+        position's mask is computed at."""
+        copy = self.matcher.deep_copy()
+        copy.consume_tokens([self.factory.grammar_token(t) for t in tokens])
+        return Guide(copy, self.factory, self.kind)
+
     @property
     def error(self) -> str | None:
         """Why the grammar broke, in our words (the engine's text: `detail`); None while it holds."""

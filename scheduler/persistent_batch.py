@@ -15,6 +15,7 @@ instead of building an object per sequence. Each column has one writer:
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,9 +99,10 @@ class PersistentBatch:
             index, positions, blocks = np.array(changes, np.int64).T
             self.blocks.patch(rows[index], positions, blocks)
 
-    def sampling_inputs(self, rows: Index, seqs: list[Sequence], forked: list[int]) -> SamplingInputs:
+    def sampling_inputs(self, rows: Index, seqs: list[Sequence], forked: list[int],
+                        guessed: Seq[Seq[int]] | None = None) -> SamplingInputs:
         """See SamplingColumns.inputs: seqs[i] samples with row rows[i]'s parameters."""
-        return self.sampling.inputs(rows, seqs, forked, self.eos_ids, self.version, self.seqs)
+        return self.sampling.inputs(rows, seqs, forked, self.eos_ids, self.version, self.seqs, guessed)
 
     # --- checking ----------------------------------------------------------------------------------
     def check(self, running: list[Sequence], kv_tables: dict[int, list[int]], block_size: int) -> None:

@@ -133,19 +133,22 @@ class SamplingColumns:
             self.ahead.fill(row, seq)
 
     def may_guess(self, rows: Index) -> BoolArray:
-        """Which rows may verify guessed tokens: a penalty or a grammar depends on the tokens before each
-        position, which this step's guesses would have to stand in for."""
-        return ~(self.penalties[rows] | self.guided[rows])
+        """Which rows may verify guessed tokens: a penalty depends on the tokens before each position, which
+        this step's guesses would have to stand in for. (A grammar's mask does too: it is computed at a copy
+        of the sequence's place moved on by those guesses; see `inputs`.)"""
+        return ~self.penalties[rows]
 
     def clear_row(self, row: int, seq: Sequence) -> None:
         if self.random[row]:
             self.ahead.release(row, seq)
 
     def inputs(self, rows: Index, seqs: list[Sequence], forked: list[int], eos_ids: frozenset[int],
-               version: int, by_row: Seq[Sequence | None]) -> SamplingInputs:
+               version: int, by_row: Seq[Sequence | None], guessed: Seq[Seq[int]] | None = None
+               ) -> SamplingInputs:
         """Inputs for sampled sequences `seqs`, seqs[i] using the parameters of row rows[i]. `forked` are the
         positions of choices sampling for the first time from their parent's row: their own generators draw
-        their uniforms. `version` changes whenever any row changes hands (it keys the reuse)."""
+        their uniforms. `version` changes whenever any row changes hands (it keys the reuse). `guessed[i]`: the
+        guessed tokens before position i's (a step verifying guesses), which its grammar's mask follows."""
         gathered = self._gather(rows, forked, version)
         uniforms = np.zeros(len(rows), np.float32)
         if gathered.random_rows.size:
@@ -157,7 +160,7 @@ class SamplingColumns:
             **(_penalty_inputs(seqs) if gathered.penalties else {}),
             suppressed_token_ids=_suppressed(seqs, eos_ids) if gathered.min_tokens else None,
             num_top_logprobs=gathered.num_top_logprobs, want_logprobs=gathered.want_logprobs,
-            allowed=_masks(seqs, gathered.guided_at) if gathered.guided_at.size else None)
+            allowed=_masks(seqs, gathered.guided_at, guessed) if gathered.guided_at.size else None)
 
     def _gather(self, rows: Index, forked: list[int], version: int) -> _Gathered:
         key = (version, rows.tobytes())
@@ -176,9 +179,11 @@ class SamplingColumns:
         return gathered
 
 
-def _masks(seqs: list[Sequence], positions: Index) -> PendingMasks:
-    """Start the grammar masks of the guided sequences among `seqs` (they run while the backend does)."""
-    guides = [g for i in positions.tolist() if (g := seqs[i].guide) is not None]
+def _masks(seqs: list[Sequence], positions: Index, guessed: Seq[Seq[int]] | None) -> PendingMasks:
+    """Start the grammar masks of the guided sequences among `seqs` (they run while the backend does); a
+    guessed position's at a copy of its place moved on by the guesses before it."""
+    guides = [g if not guessed or not guessed[i] else g.after(guessed[i])
+              for i in positions.tolist() if (g := seqs[i].guide) is not None]
     assert len(guides) == len(positions), "a guided row's sequence has no guide"
     return guides[0].factory.masks(guides, positions.astype(np.int32))
 

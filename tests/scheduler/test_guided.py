@@ -107,31 +107,58 @@ def test_a_guided_sequence_follows_its_grammar_on_random_tokens(files: ModelFile
         assert choice.finish_reason == "stop"
 
 
-def test_with_speculation_guided_rows_do_not_guess_and_their_neighbours_do(files: ModelFiles,
-                                                                             guides: GuideFactory) -> None:
-    """A grammar's mask at each position would depend on the guesses before it: guided rows do not guess, and
-    keep their grammar; unguided rows beside them guess, their tokens those they get without guessing."""
+def test_guided_rows_guess_within_their_grammar(files: ModelFiles, guides: GuideFactory) -> None:
+    """With speculation, a guided row's guesses are cut where its grammar refuses them, and each guessed
+    position is masked as the grammar stands after the guesses before it: a guided answer and its unguided
+    neighbour's are those without guessing. The guesses come from an oracle that knows those answers and
+    spoils every third guess with a token no JSON here allows."""
     guided = SamplingParams(max_tokens=30, seed=11, guide=guides.compile("json_schema", SCHEMA, "x"))
     plain = SamplingParams(max_tokens=24, temperature=0.0)
-    outputs, asked = [], []
+    prompts = {0: prompt(10), 1: prompt(3)}  # seq ids, in the order the requests are added
+    spoiler = files.tokenizer.encode("Q")[0]
+    answers: dict[int, list[int]] = {}
+    kept: dict[int, int] = {0: 0, 1: 0}
+    offered: dict[int, list[int]] = {}  # each sequence's latest guesses, before any cut
 
-    def guess(seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
-        asked.append(seq_id)  # the sim's tokens are pseudo-random: guess the last one again, mostly wrong
-        return [tokens[-1]] * min(2, most)
+    def oracle(seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
+        done = len(tokens) - len(prompts[seq_id])
+        right = answers[seq_id][done : done + most]
+        offered[seq_id] = [spoiler if (done + j) % 3 == 2 else t for j, t in enumerate(right)]
+        return offered[seq_id]
 
-    for speculative in (None, SpeculativeConfig("ngram")):
+    def verified(seq_id: int, proposed: int, accepted: int) -> None:
+        cut = offered[seq_id].index(spoiler) if spoiler in offered[seq_id] else proposed
+        assert seq_id == 1 or proposed <= cut  # the guided row's run ends before the refused token
+        kept[seq_id] += accepted
+
+    for speculative in (None, SpeculativeConfig("ngram", num_speculative_tokens=4)):
         llm = make_llm(files, guides, speculative=speculative)
-        if llm.core.scheduler.speculator is not None:
-            llm.core.scheduler.speculator.propose = guess  # type: ignore[method-assign]
-        streams = [llm.core.add_request(_request("g", prompt(10), guided)),
-                   llm.core.add_request(_request("p", prompt(3), plain))]
+        speculator = llm.core.scheduler.speculator
+        if speculator is not None:
+            speculator.propose = oracle  # type: ignore[method-assign]
+            speculator.observe = verified  # type: ignore[method-assign]
+        streams = [llm.core.add_request(_request("g", prompts[0], guided)),
+                   llm.core.add_request(_request("p", prompts[1], plain))]
         llm.run_until_idle()
-        outputs.append([s.take_finished().choices[0] for s in streams])
-    guided_seq, plain_seq = 0, 1  # seq ids, in the order added
-    assert asked and guided_seq not in asked and plain_seq in asked
-    (guided_alone, plain_alone), (guided_now, plain_now) = outputs
-    assert plain_now.token_ids == plain_alone.token_ids
-    assert guided_now.token_ids == guided_alone.token_ids and json.loads(guided_now.text)["tag"] in ("a", "b")
+        choices = [s.take_finished().choices[0] for s in streams]
+        if speculator is None:
+            answers = {0: choices[0].token_ids, 1: choices[1].token_ids}
+    assert choices[0].token_ids == answers[0] and choices[1].token_ids == answers[1]
+    assert json.loads(choices[0].text)["tag"] in ("a", "b")
+    assert kept[0] > 0 and kept[1] > 0  # both rows kept guesses
+
+
+def test_a_grammar_accepts_a_guess_run_up_to_its_first_refused_token(files: ModelFiles,
+                                                                    guides: GuideFactory) -> None:
+    guide = guides.guide(guides.compile("regex", r"[0-9]{3}-[0-9]{4}", "guided_regex"))
+    digits = files.tokenizer.encode("123")
+    letter = files.tokenizer.encode("Q")
+    assert guide.allowed_run(digits) == len(digits)
+    assert guide.allowed_run(digits + letter + digits) == len(digits)
+    assert guide.allowed_run(letter) == 0
+    moved = guide.after(digits)
+    assert guide.allowed_run(letter) == 0 and moved.allowed_run(files.tokenizer.encode("-")) == 1
+    assert guide.allowed_run(files.tokenizer.encode("-")) == 0  # the original did not move
 
 
 def test_choices_and_sampled_rows_each_follow_their_own_grammar(files: ModelFiles, guides: GuideFactory) -> None:
