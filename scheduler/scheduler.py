@@ -193,8 +193,10 @@ class Scheduler:
         k = len(counts)
         lists = [s.token_ids for s in self.running]
         done, changes = self.kv.append(ids[:k], lists, counts.tolist())
+        given_back: list[int] = []
         if done < k and unguessed is not None:
-            counts = np.concatenate((counts[:done], unguessed[done:]))
+            given_back = self._give_back_guesses(ids, rows, counts[:done], unguessed[:done])
+            counts = unguessed.copy()
             done, more = self.kv.append(ids[:k], lists, counts.tolist(), done)
             changes += more
         while done < k:
@@ -206,7 +208,20 @@ class Scheduler:
                 done, more = self.kv.append(ids[:k], lists, counts.tolist(), done)
                 changes += more
         self.rows.patch_blocks(rows, changes)
+        for i in given_back:
+            if i < k:  # its table shrank after the changes above were recorded
+                self.rows.blocks.set_row(int(rows[i]), self.kv.block_table(ids[i]))
         return k, counts
+
+    def _give_back_guesses(self, ids: tuple[int, ...], rows: LongArray, counts: LongArray, unguessed: LongArray
+                           ) -> list[int]:
+        """The pool ran short: the guesses already granted go back before anyone is preempted (a guess never
+        costs another sequence its blocks). Returns the positions whose tables shrank."""
+        shrunk = np.flatnonzero(counts > unguessed).tolist()
+        for i in shrunk:
+            end = int(self.rows.computed[rows[i]] + unguessed[i])
+            self.kv.truncate(ids[i], end, self.running[i].token_ids)
+        return shrunk
 
     def _running_index(self) -> tuple[tuple[int, ...], LongArray]:
         """Seq ids and rows of the running list, rebuilt only when a row changed hands (the list did too)."""
@@ -306,11 +321,15 @@ class Scheduler:
         verify, samples = plan.verify, output.token_ids
         accepted = [_agreed(samples, int(first), guesses)
                     for first, guesses in zip(verify.first.tolist(), verify.guesses, strict=True)]
+        lengths = [plan.sampled[first].num_tokens for first in verify.first.tolist()]
         rounds = [self._apply(plan, output, verify.first)]
         for r in range(1, max(accepted, default=0) + 1):
             groups = np.flatnonzero(np.array(accepted) >= r)
             rounds.append(self._apply(plan, output, verify.first[groups] + r, first=False))
-        settle_guesses(plan, accepted, self.speculator, self.kv, self.rows)
+        # a stop ends a sequence amid its kept guesses: those after it were never its tokens
+        appended = [plan.sampled[first].num_tokens - n for first, n in zip(verify.first.tolist(), lengths, strict=True)]
+        kept = [min(a, max(0, n - 1)) for a, n in zip(accepted, appended, strict=True)]
+        settle_guesses(plan, kept, self.speculator, self.kv, self.rows)
         return joined(rounds)
 
     def _apply(self, plan: SchedulerPlan, output: StepOutput, at: LongArray | None, first: bool = True

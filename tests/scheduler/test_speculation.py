@@ -19,6 +19,7 @@ from scheduler.guesses import Proposals, guess_threshold
 from scheduler.llm import LLM
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
+from scheduler.request import EngineRequest
 from scheduler.speculation import MISSES_BEFORE_PAUSE, Guessing, NgramIndex, SpecCounters
 from telemetry.interface import NullObserver, RequestRecord
 from tests.scheduler.markov_model import VOCAB, MarkovBackend, MarkovTokenizer
@@ -119,6 +120,35 @@ def test_a_stop_string_amid_kept_guesses_ends_the_choice_there() -> None:
     assert choice.text == cycle.text[:end] and choice.finish_reason == "stop"
     assert guessed[0].completion_tokens == len(choice.token_ids) == end + len(stop)
     assert list(recorder.finished[0].token_ids[0]) == prompt + choice.token_ids  # the engine's list kept none either
+
+
+def _run_pair(speculative: SpeculativeConfig | None, blocks: int, requests: list[tuple[list[int], int]],
+              max_preemptions: int) -> tuple[list[str | None], int]:
+    """Two requests; with speculation, the first guesses four copies of its last token every step (mostly
+    wrong: guesses that take blocks and are given back). Finish reasons and preemptions."""
+    recorder = Recorder()
+    llm = LLM(SchedulerConfig(debug_checks=True, max_preemptions=max_preemptions), PagedKVCacheManager(blocks, 4),
+              MarkovBackend(), MarkovTokenizer(), max_model_len=256, observer=recorder, speculative=speculative)
+    speculator = llm.core.scheduler.speculator
+    if speculator is not None:
+        speculator.propose = (  # type: ignore[method-assign]
+            lambda seq_id, tokens, most, threshold=0.0: [tokens[-1]] * min(4, most) if seq_id == 0 else [])
+    streams = [llm.core.add_request(EngineRequest(f"r{i}", tuple(p), SamplingParams(temperature=0.0, max_tokens=n)))
+               for i, (p, n) in enumerate(requests)]
+    llm.run_until_idle()
+    return [s.take_finished().choices[0].finish_reason for s in streams], recorder.count
+
+
+def test_guesses_never_cost_another_sequence_its_blocks() -> None:
+    """When the pool runs short, the guesses already granted go back before anyone is preempted: a pool that
+    serves two requests without speculation serves them with it, with no more preemptions (a guess that took
+    the last free block once made the other sequence's own token find none)."""
+    for prompt_a, prompt_b, blocks in (([3], [12, 13], 5), ([3, 4, 5], [12], 6), ([3, 4], [12, 13, 14], 7)):
+        requests = [(prompt_a, 16), (prompt_b, 8)]
+        for max_preemptions in (0, 8):
+            plain = _run_pair(None, blocks, requests, max_preemptions)
+            guessed = _run_pair(NGRAM, blocks, requests, max_preemptions)
+            assert guessed[0] == plain[0] and guessed[1] <= plain[1], (prompt_a, prompt_b, blocks, max_preemptions)
 
 
 def test_keeping_guesses_takes_fewer_steps() -> None:
