@@ -80,7 +80,7 @@ class DecoderForward:
         if not step.layout.all_decode:
             seq_of_token = np.repeat(np.arange(len(tables)), np.diff(batch.query_start))
             tables, lengths = tables[seq_of_token], batch.positions + 1
-            seq_first = batch.query_start[seq_of_token]
+            seq_first = _own_rows_for_sampled(batch, batch.query_start[seq_of_token])
         half = self.config.head_dim // 2
         (cos, sin), local = step.angles[self.config.rope_theta], step.angles.get(self.config.arch.local_rope_base)
         local_angles = None if local is None else (local[0].reshape(-1, half), local[1].reshape(-1, half))
@@ -119,3 +119,21 @@ class DecoderForward:
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, layer.ffn_norm, self.config.rms_eps)
         return self.project(self.activation(self.project(h, layer.w_gate_up)), layer.w_down)
+
+
+def _own_rows_for_sampled(batch: StepBatch, seq_first: np.ndarray) -> np.ndarray:
+    """Each row's group for attention (the first row of its chunk): a sequence that samples every one of its
+    rows (verifying guesses) has each row attend on its own, as a decode row does, so that each guessed
+    position's logits are the ones decoding would compute, bit for bit; a chunk's rows attend together."""
+    if batch.sample_lag is None:
+        return seq_first
+    samples = np.bincount(batch.sample_rows, minlength=batch.num_seqs)
+    verifying = np.flatnonzero((samples > 1) & (samples == np.diff(batch.query_start)))
+    if not verifying.size:
+        return seq_first
+    own = seq_first.copy()
+    for b in verifying.tolist():
+        start, end = int(batch.query_start[b]), int(batch.query_start[b + 1])
+        own[start:end] = np.arange(start, end, dtype=own.dtype)
+    return own
+

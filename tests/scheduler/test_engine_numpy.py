@@ -86,16 +86,23 @@ def test_preempted_request_gives_the_same_tokens(model: LoadedModel, backend: Nu
 def test_guessing_changes_no_token_under_preemption_and_prefix_hits(model: LoadedModel, backend: NumpyBackend
                                                                      ) -> None:
     """Sixteen greedy requests, four of them sharing a prompt (prefix-cache hits), in a pool too small for all:
-    with prompt lookup's guesses verified in the steps, every token is what it is without them (exact
-    precision: each row's logits are its own, whatever else the step computes)."""
+    with prompt lookup's guesses verified in the steps, every token and logprob is what it is without them
+    (exact precision: each row's logits are its own, whatever else the step computes)."""
     prompts = [encode(model, p) for p in PROMPTS[:12]] + [encode(model, "1, 2, 3, 4, 5, 6, 7, 8,")] * 4
-    params = SamplingParams(temperature=0.0, max_tokens=20)
-    plain = make_llm(model, backend, num_blocks=24).generate(prompts, params)
+    params = SamplingParams(temperature=0.0, max_tokens=20, logprobs=True, top_logprobs=3)
+    unguessed = PreemptionCounter()
+    plain = make_llm(model, backend, num_blocks=24, observer=unguessed).generate(prompts, params)
     observer = PreemptionCounter()
     llm = make_llm(model, backend, num_blocks=24, observer=observer, speculative=SpeculativeConfig("ngram"))
     llm.core.scheduler.cost = StepCostModel(CostCoefficients())  # guesses cost nothing: all are made, even at 16
     guessed = llm.generate(prompts, params)
     assert [o.choices[0].token_ids for o in guessed] == [o.choices[0].token_ids for o in plain]
+    # Bit for bit: a guessed position's row attends as a decode row does (a chunk's rows attend together).
+    # A recomputed request's next token comes from its chunk's last row instead: preempted ones are left out.
+    preempted = set(observer.preempted) | set(unguessed.preempted)
+    kept = [i for i, o in enumerate(plain) if o.request_id not in preempted]
+    assert len(kept) >= 8
+    assert [guessed[i].choices[0].logprobs for i in kept] == [plain[i].choices[0].logprobs for i in kept]
     speculator = llm.core.scheduler.speculator
     assert speculator is not None and speculator.counters.accepted > 0
     assert observer.preempted
