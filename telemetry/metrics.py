@@ -105,9 +105,11 @@ class TelemetryMetrics(Collector):
         return {h.name[len(PREFIX):]: h for h in (
             Histogram("time_to_first_token_seconds", "Time from arrival to the first output token",
                       REQUEST_LATENCY_BUCKETS),
-            Histogram("inter_token_latency_seconds", "Time between consecutive output tokens",
+            Histogram("inter_token_latency_seconds", "Time between consecutive outputs of a request (a token, or "
+                      "several: a step that keeps speculative guesses, or one per choice)",
                       TOKEN_LATENCY_BUCKETS),
-            Histogram("time_per_output_token_seconds", "Per request: decode time / (output tokens - 1)",
+            Histogram("time_per_output_token_seconds", "Per request: decode time / output tokens after the first "
+                      "step's, per choice",
                       TOKEN_LATENCY_BUCKETS),
             Histogram("e2e_request_latency_seconds", "Time from arrival to the request's end", E2E_BUCKETS),
             Histogram("request_queue_time_seconds", "Time from arrival to the request's first scheduled step",
@@ -189,9 +191,9 @@ class TelemetryMetrics(Collector):
 
     def finished(self, state: RequestState, record: RequestRecord) -> None:
         self.histograms["e2e_request_latency_seconds"].observe(record.finished - state.queued_at)
-        if state.first_token is not None and state.last_token is not None and state.token_steps > 1:
+        if state.first_token is not None and state.last_token is not None and state.later_tokens_per_choice > 0:
             self.histograms["time_per_output_token_seconds"].observe(
-                (state.last_token - state.first_token) / (state.token_steps - 1))
+                (state.last_token - state.first_token) / state.later_tokens_per_choice)
         if record.error is not None:
             self.counters["request_failure"] += 1
             return

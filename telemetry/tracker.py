@@ -33,7 +33,8 @@ class RequestState:
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0  # output tokens so far (all choices)
-    token_steps: int = 0  # steps that gave it tokens (= tokens with one choice)
+    first_step_tokens: int = 0  # the tokens of the step that gave it its first (one per choice)
+    token_steps: int = 0  # steps that gave it tokens (= tokens with one choice, without speculative decoding)
     chunks: int = 0  # prefill chunks so far (recomputes included)
     preemptions: int = 0
     preempted: bool = False  # since the previous token
@@ -42,6 +43,12 @@ class RequestState:
     @property
     def requeued(self) -> bool:
         return self.preemptions > 0
+
+    @property
+    def later_tokens_per_choice(self) -> float:
+        """Output tokens after the first step's, per choice: what TPOT divides by (a step verifying guesses
+        gives a choice several)."""
+        return (self.tokens - self.first_step_tokens) / max(1, getattr(self.params, "n", 1) or 1)
 
 
 class Sink(Protocol):
@@ -137,7 +144,7 @@ class Tracker:
         last, time = state.last_token, record.time
         if last is None:
             gap, slow = time - state.queued_at, None
-            state.first_token = time
+            state.first_token, state.first_step_tokens = time, record.num_tokens
         else:
             gap = time - last
             slow = state.judge.judge(gap, max(step.start - last, 0.0), step.end - step.start,

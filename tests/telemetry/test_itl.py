@@ -10,7 +10,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 
 from backends.model.loader import ModelFiles
+from scheduler.params import SamplingParams
 from telemetry.itl import GapJudge, RunningMedian, TokenGap, classify
+from telemetry.tracker import RequestState
 from tests.telemetry.test_tracing import finish, request_span, traced
 
 
@@ -37,6 +39,8 @@ def test_running_median_matches_statistics() -> None:
     (TokenGap(1.0, 0.1, 0.9, 0, True), "preemption"),
     (TokenGap(1.0, 0.8, 0.2, 512, False), "queue"),
     (TokenGap(1.0, 0.0, 1.0, 512, False), "prefill_interference"),
+    (TokenGap(1.0, 0.0, 1.0, 512, False, guessed_tokens=6), "prefill_interference"),
+    (TokenGap(1.0, 0.0, 1.0, 0, False, guessed_tokens=6), "speculation"),
     (TokenGap(1.0, 0.0, 1.0, 0, False), "slow_step"),
 ])
 def test_classify(gap: TokenGap, cause: str) -> None:
@@ -123,3 +127,16 @@ def test_decoder_sitting_out_steps_is_queue(files: ModelFiles) -> None:
         assert slow["pagedserve.slow_token.cause"] == "queue"
         assert slow["pagedserve.slow_token.wait_s"] > slow["pagedserve.step.duration_s"]  # type: ignore[operator]
     assert slow_count(telemetry.render(), "queue") == 3
+
+
+@pytest.mark.parametrize(("n", "tokens", "first_step", "per_choice"), [
+    (1, 9, 1, 8),  # 9 tokens: 8 after the first, whether in 8 steps or in 3 that kept guesses (per token)
+    (1, 9, 3, 6),  # a first step that kept two guesses
+    (2, 10, 2, 4),  # two choices, 5 tokens each
+])
+def test_tpot_divides_by_the_tokens_after_the_first_step_per_choice(n: int, tokens: int, first_step: int,
+                                                                    per_choice: float) -> None:
+    state = RequestState("r", 0.0, 4, SamplingParams(n=n), None, GapJudge(2.0, 3))  # type: ignore[arg-type]
+    state.tokens, state.first_step_tokens = tokens, first_step
+    assert state.later_tokens_per_choice == per_choice
+
