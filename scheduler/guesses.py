@@ -76,7 +76,7 @@ def guess_threshold(cost: CostCoefficients, decoding: np.ndarray, known: LongArr
     context = int(known[decoding].sum())
     step_s = cost.seconds(StepShape(n, n, context, context))
     each = context // n
-    more_s = cost.seconds(StepShape(n + 1, n + 1, context + each, context + each)) - step_s
+    more_s = cost.seconds(StepShape(n + 1, n + 1, context + 1, context + each)) - step_s  # its KV and reads
     return more_s * n / step_s if step_s > 0 else 0.0
 
 

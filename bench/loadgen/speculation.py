@@ -23,7 +23,7 @@ class Speculation:
 
 
 def speculation_between(before: str, after: str) -> Speculation | None:
-    if not after:
+    if not before or not after:  # a failed scrape: the server's lifetime totals are no run's
         return None
     start, end = gauge_values(before), gauge_values(after)
     guessed, kept = _delta(start, end, GUESSED), _delta(start, end, KEPT)

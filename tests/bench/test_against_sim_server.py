@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 
@@ -15,9 +14,7 @@ from backends.sim_backend import CostModel, get_profile
 from backends.step_shape import StepShape
 from bench.loadgen.measure import Measurement, Options, measure
 from bench.loadgen.spec import Bounds, LoadShape, RequestSpec, Target
-from bench.loadgen.speculation import format_speculation
 from bench.loadgen.workloads import Lengths, RandomWorkload, SharedPrefixWorkload
-from scheduler.config import SpeculativeConfig
 from service.config.settings import ServiceConfig
 from tests.service.live import LiveServer, cached_builder, sim_config
 
@@ -88,26 +85,8 @@ def test_measured_ttft_and_itl_equal_the_injected_step_times(model_files: ModelF
     assert server_itl.server_count == 15 and all(q.consistent for q in server_itl.quantiles)
 
 
-def test_the_acceptance_rate_of_a_speculating_server(model_files: ModelFiles) -> None:
-    """`pagedserve bench` reads the server's spec_decode counters over the measured run (warm-up excluded) and
-    reports what share of the guessed tokens were kept; a server that does not guess reports nothing."""
-    config = replace(sim_config(ServiceConfig(port=0)), speculative=SpeculativeConfig("ngram"))
-    server = LiveServer.start(config, cached_builder(model_files))
-    try:
-        workload = RandomWorkload(Lengths(24), Lengths(48), seed=3)
-        before = server.metrics()
-        m = run(server.url, workload, LoadShape(concurrency=2), Bounds(6, warmup=2), check=False)
-        after = server.metrics()
-    finally:
-        server.close()
-    series = 'pagedserve:spec_decode_{}_total{{method="ngram"}}'
-    guessed = after[series.format("draft_tokens")] - before[series.format("draft_tokens")]
-    assert m.speculation is not None and 0 < m.speculation.guessed <= guessed  # the run's share, not the warm-up's
-    assert 0 <= m.speculation.kept <= m.speculation.guessed
-    assert "guessed tokens kept (acceptance" in format_speculation(m.speculation)
-
-
 def test_no_acceptance_rate_without_speculation(zero_server: LiveServer) -> None:
+    """(tests/service/test_speculative_serving.py: the rate from a server that guesses.)"""
     m = run(zero_server.url, RandomWorkload(Lengths(8), Lengths(4), seed=4), LoadShape(concurrency=2), Bounds(4),
             check=False)
     assert m.speculation is None

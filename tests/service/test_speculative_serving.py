@@ -3,6 +3,7 @@ answers without it, and /metrics counts the guesses."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,10 @@ from openai import OpenAI
 from backends.config import BackendConfig
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.backend import NumpyBackend
+from bench.loadgen.measure import measure
+from bench.loadgen.spec import Bounds, LoadShape, RequestSpec, Target
+from bench.loadgen.speculation import format_speculation
+from bench.loadgen.workloads import FileWorkload
 from kvpool import PagedKVCacheManager
 from kvpool.config import KVPoolConfig
 from scheduler.config import SchedulerConfig, SpeculativeConfig
@@ -69,3 +74,18 @@ def test_answers_are_those_without_speculation(server: LiveServer, prompt: list[
     kept = after[SERIES.format("accepted_tokens")] - before.get(SERIES.format("accepted_tokens"), 0.0)
     assert 0 < kept <= guessed  # the answer repeats its prompt: guesses were made, and some kept
     assert whole.usage is not None and whole.usage.completion_tokens == tokens
+
+
+def test_the_bench_reports_the_runs_acceptance_rate(server: LiveServer) -> None:
+    """`pagedserve bench` reads the server's spec_decode counters over its measured run (warm-up excluded) and
+    prints the share of guessed tokens kept."""
+    spec = RequestSpec(messages=(("user", ASK),), max_tokens=MAX_TOKENS, ignore_eos=False)
+    before = server.metrics()
+    m = asyncio.run(measure(Target(server.url, "chat"), FileWorkload((spec,)), LoadShape(concurrency=1),
+                            Bounds(2, warmup=1)))
+    after = server.metrics()
+    guessed = after[SERIES.format("draft_tokens")] - before[SERIES.format("draft_tokens")]
+    assert m.summary.completed == 2 and m.speculation is not None
+    assert 0 < m.speculation.kept <= m.speculation.guessed < guessed  # the run's two requests, not the warm-up
+    assert "guessed tokens kept (acceptance" in format_speculation(m.speculation)
+

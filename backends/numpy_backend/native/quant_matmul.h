@@ -176,6 +176,7 @@ static inline __attribute__((always_inline)) void tile_two_t(const float *x, con
 
 #define tile_pair_t tile_two_t
 
+#if TILE_ROWS > 2
 /* Tile t for 3 or 4 rows of x: out of line, so that the 1-2 row path's code is what it was (inlining these into
  * project_tile_q made a batch-1 step 10 % slower). */
 __attribute__((noinline)) static void tile_more_rows(const float *x, const Weights *w, float *y, int64_t rows,
@@ -184,12 +185,20 @@ __attribute__((noinline)) static void tile_more_rows(const float *x, const Weigh
 #define TILE_4(T) tile_rows_t(x, w, y, 4, k, n, t, add, T)
     if (rows == 3) {
         DISPATCH_TYPE(w->type, TILE_3)
-    } else {
+    } else if (rows == 4) {
         DISPATCH_TYPE(w->type, TILE_4)
+    } else { /* never reached: project_tile_q passes 3..TILE_ROWS rows; any other count goes a pair at a time */
+        for (int64_t i = 0; i < rows; i += 2) {
+            const int64_t pair = rows - i < 2 ? rows - i : 2;
+#define TILE_2(T) tile_two_t(x + i * k, w, y + i * n, pair, k, n, t, add, T)
+            DISPATCH_TYPE(w->type, TILE_2)
+#undef TILE_2
+        }
     }
 #undef TILE_3
 #undef TILE_4
 }
+#endif
 #endif
 
 /* Tile t for every row of x, TILE_ROWS rows at a time (each weight dequantized once per group of rows). */
