@@ -55,6 +55,7 @@ class Arm:
     guessed: int = 0
     kept: int = 0
     verified_steps: int = 0
+    guessed_together: int = 0  # of them, while --streams ran at once
 
 
 def main() -> None:
@@ -107,10 +108,12 @@ def one_round(config: AppConfig, parts: ModelParts, prompts: dict[str, list[list
             arm.tpot_ms[kind].append(1e3 * tpot)
             tokens += len(answer)
         arm.single_tps[kind].append(tokens / (time.perf_counter() - start))
+    speculator = llm.core.scheduler.speculator
+    alone_guessed = 0 if speculator is None else speculator.counters.proposed
     if args.streams:
         arm.multi_tps.append(together(llm, parts, (prompts["chat"] * args.streams)[: args.streams], params))
-    speculator = llm.core.scheduler.speculator
     if speculator is not None:
+        arm.guessed_together += speculator.counters.proposed - alone_guessed
         counters = speculator.counters
         arm.guessed, arm.kept = arm.guessed + counters.proposed, arm.kept + counters.accepted
         arm.verified_steps += counters.steps
@@ -172,7 +175,7 @@ def report(arms: list[Arm], args: argparse.Namespace) -> None:
     if off.multi_tps:
         ratio = statistics.median(on.multi_tps) / statistics.median(off.multi_tps)
         print(f"chat, {args.streams} streams: output tok/s per round {_rates(off.multi_tps)} -> "
-              f"{_rates(on.multi_tps)} ({ratio:.2f}x median)")
+              f"{_rates(on.multi_tps)} ({ratio:.2f}x median), {on.guessed_together} tokens guessed")
     if on.guessed:
         print(f"guesses: {on.kept} of {on.guessed} kept ({on.kept / on.guessed:.0%}), "
               f"{on.guessed / on.verified_steps:.2f} guessed per verified sequence-step")

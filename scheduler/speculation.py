@@ -15,7 +15,8 @@ prices one more row beside the step's decode part, a kept token is worth the tim
 rate of guesses kept. So a lone stream on a CPU, whose step is bound by reading the weights, guesses freely,
 while a large batch, whose rows cost nearly what a step per token does, guesses only where its guesses
 are nearly always right. After guesses keep failing, a sequence stops guessing for a while (a backoff that
-doubles), so a stream that never repeats itself pays for a guess only now and then.
+doubles), so a stream that never repeats itself pays for a guess only now and then; a sequence whose rate is
+below the price still makes one guess when not paused (a probe), or one early miss would silence it for good.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from scheduler.config import SpeculativeConfig
 
 MISSES_BEFORE_PAUSE = 2  # steps in a row with no guess kept before a sequence pauses its guessing
 MAX_PAUSE = 64  # the longest pause, in steps
+PROBE_BELOW = 0.5  # a guess's price (in kept-token's worth) under which a sequence not worth guessing probes
 PRIOR_WEIGHT = 2.0  # guesses' worth of evidence a new sequence starts with, at the engine's recent rate
 DECAY = 0.8  # of a sequence's counts at each verification: its last few steps decide
 ENGINE_DECAY = 0.99  # of the engine's counts at each verification: its last few hundred decide
@@ -127,6 +129,12 @@ class Speculator:
         if self._step < state.paused_until:
             return []
         k = state.worth(threshold, min(most, self.config.num_speculative_tokens))
+        # Not worth a guess at its rate, where a guess costs less than half a token's worth: one guess anyway (a
+        # probe), since a sequence that never guesses never learns that its text began to repeat; failed probes
+        # pause it as failed guesses do, for ever longer. A crowded step (a guess nearly a token's price) never
+        # probes.
+        if k == 0 and threshold < PROBE_BELOW:
+            k = 1
         return state.index.propose(tokens, k) if k else []
 
     def observe(self, seq_id: int, proposed: int, accepted: int) -> None:

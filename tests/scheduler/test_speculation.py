@@ -20,7 +20,7 @@ from scheduler.llm import LLM
 from scheduler.outputs import RequestOutput
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
-from scheduler.speculation import MISSES_BEFORE_PAUSE, Guessing, NgramIndex, SpecCounters
+from scheduler.speculation import MISSES_BEFORE_PAUSE, Guessing, NgramIndex, SpecCounters, Speculator
 from telemetry.interface import NullObserver, RequestRecord
 from tests.scheduler.markov_model import VOCAB, MarkovBackend, MarkovTokenizer
 
@@ -250,6 +250,22 @@ def test_guessing_pauses_after_misses_and_the_pause_doubles() -> None:
     assert state.pause == 2 * first_pause  # failing again doubles the pause
     state.observe(2, 1, 200)
     assert state.pause == 0  # a kept guess ends the backoff
+
+
+def test_a_sequence_below_the_price_probes_where_guesses_are_cheap() -> None:
+    """Two early misses must not silence a sequence for good: where a guess is cheap it still makes one (a
+    probe), its failures pausing it; where a guess costs nearly a token, it makes none."""
+    speculator = Speculator(SpeculativeConfig("ngram"))
+    tokens = [5, 6, 7, 5, 6, 7, 5]
+    speculator.propose(0, tokens, 3)
+    state = speculator._states[0]
+    state.kept, state.tried = 0.0, 4.0  # its guesses never kept
+    assert state.worth(0.3, 3) == 0
+    assert speculator.propose(0, tokens, 3, threshold=0.3) == [6]  # a probe
+    assert speculator.propose(0, tokens, 3, threshold=0.9) == []
+    for _ in range(MISSES_BEFORE_PAUSE):
+        speculator.observe(0, 1, 0)
+    assert speculator.propose(0, tokens, 3, threshold=0.3) == []  # paused
 
 
 def test_a_large_batch_guesses_only_what_is_nearly_sure() -> None:
