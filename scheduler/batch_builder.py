@@ -7,7 +7,7 @@ builds no object per sequence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -99,7 +99,7 @@ def _lay_out(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: In
              persistent: PersistentBatch, drafts: Drafts | None) -> _Layout:
     prompt_lens, num_tokens = persistent.prompt_lens[rows], persistent.num_tokens[rows]
     if drafts is not None:
-        return _guessing_layout(seqs, rows, starts, counts, num_tokens, prompt_lens, drafts)
+        return _general_layout(seqs, rows, starts, counts, num_tokens, prompt_lens, drafts)
     if ((starts + 1) == num_tokens).all() and (starts >= prompt_lens).all():
         return _decode_layout(seqs, rows, starts, persistent.last)
     return _general_layout(seqs, rows, starts, counts, num_tokens, prompt_lens)
@@ -113,40 +113,37 @@ def _decode_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, last
 
 
 def _general_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: IntArray,
-                    num_tokens: LongArray, prompt_lens: LongArray) -> _Layout:
+                    num_tokens: LongArray, prompt_lens: LongArray, drafts: Drafts | None = None) -> _Layout:
+    """Any step; with `drafts`, the last drafts.counts[i] of counts[i] are seqs[i]'s guesses, after its own
+    token, each position of a guessing sequence sampled."""
     query_start = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=query_start[1:])
     total = int(query_start[-1])
     # each sequence's positions run from its start: offset each token's flat index by its row's
     positions = np.repeat(starts - query_start[:-1], counts) + np.arange(total, dtype=np.int32)
-    samples = np.flatnonzero(starts + counts == num_tokens)
+    known = counts if drafts is None else counts - drafts.counts
+    samples = np.flatnonzero(starts + known == num_tokens)
     sample_rows, sampled, forked, forks = _samples(seqs, samples, num_tokens == prompt_lens)
-    prefill = np.flatnonzero((counts > 1) | (starts < prompt_lens))
-    return _Layout(query_start, positions, np.repeat(rows, counts), _flat_tokens(seqs, starts, counts), prefill,
-                   sample_rows, sampled, forked, forks)
+    prefill = np.flatnonzero((known > 1) | (starts < prompt_lens))
+    tokens = _flat_tokens(seqs, starts, known, None if drafts is None else drafts.tokens)
+    layout = _Layout(query_start, positions, np.repeat(rows, counts), tokens, prefill, sample_rows, sampled,
+                     forked, forks)
+    return layout if drafts is None else _with_guesses(layout, drafts)
 
 
-def _guessing_layout(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: IntArray,
-                     num_tokens: LongArray, prompt_lens: LongArray, drafts: Drafts) -> _Layout:
-    """The general layout, with each guessing sequence's guesses after its own token and a sample row per
-    guessed position besides its own."""
-    known = counts - drafts.counts
-    plain = _general_layout(seqs, rows, starts, known, num_tokens, prompt_lens)
-    query_start = np.zeros(len(counts) + 1, np.int32)
-    np.cumsum(counts, out=query_start[1:])
-    positions = np.repeat(starts - query_start[:-1], counts) + np.arange(int(query_start[-1]), dtype=np.int32)
-    tokens = _flat_tokens(seqs, starts, known, drafts.tokens)
-    guesses = drafts.counts[plain.sample_rows]
+def _with_guesses(layout: _Layout, drafts: Drafts) -> _Layout:
+    """The layout's sample rows with a run per guessing sequence: its own position's, then one per guess."""
+    guesses = drafts.counts[layout.sample_rows]
     reps = 1 + guesses
     first = np.zeros(len(reps), np.int64)
     np.cumsum(reps[:-1], out=first[1:])
     within = np.arange(int(reps.sum()), dtype=np.int32) - np.repeat(first, reps).astype(np.int32)
-    sampled = [seq for seq, n in zip(plain.sampled, reps.tolist(), strict=True) for _ in range(n)]
-    verify = Verify(first, guesses.astype(np.int32), [drafts.tokens[i] for i in plain.sample_rows.tolist()])
+    sampled = [seq for seq, n in zip(layout.sampled, reps.tolist(), strict=True) for _ in range(n)]
+    verify = Verify(first, guesses.astype(np.int32), [drafts.tokens[i] for i in layout.sample_rows.tolist()])
     before = [row[:j] for row, n in zip(verify.guesses, reps.tolist(), strict=True) for j in range(n)]
-    return _Layout(query_start, positions, np.repeat(rows, counts), tokens, plain.prefill,
-                   np.repeat(plain.sample_rows, reps), sampled, [int(first[i]) for i in plain.forked], plain.forks,
-                   np.repeat(guesses, reps).astype(np.int32) - within, verify, before)
+    return replace(layout, sample_rows=np.repeat(layout.sample_rows, reps), sampled=sampled,
+                   forked=[int(first[i]) for i in layout.forked],
+                   sample_lag=np.repeat(guesses, reps).astype(np.int32) - within, verify=verify, guessed=before)
 
 
 def _samples(seqs: list[Sequence], samples: Index, first: np.ndarray

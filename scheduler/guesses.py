@@ -52,6 +52,8 @@ def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, pe
     room = persistent.stops.limit[rows] - known - 1  # k + 1 new tokens must stay within max_tokens and the context
     may = (known - computed == 1) & (known > persistent.prompt_lens[rows]) & (room > 0)
     may &= persistent.sampling.may_guess(rows)
+    if not may.any():
+        return None
     threshold = 0.0 if cost is None else guess_threshold(cost, known - computed == 1, known)
     lens = np.zeros(len(rows), np.int64)
     tokens: dict[int, list[int]] = {}

@@ -59,22 +59,33 @@ class NgramIndex:
         self.indexed = max(self.indexed, len(tokens) - 1)
 
 
-@dataclass
-class Guessing:
-    """One sequence's proposer state and how its guesses fare: each guess is kept with the probability `rate`
-    (the kept / tried counts, decayed), the first rejected one ending the run. A new sequence starts from the
-    engine's recent rate: a workload that repeats its prompts guesses fully from its first steps."""
+@dataclass(kw_only=True)
+class KeptRate:
+    """How often guesses are kept: decayed counts of the guesses kept and of those judged (the ones after a
+    run's first rejected guess never are)."""
 
-    index: NgramIndex
     kept: float = PRIOR_WEIGHT / 2
     tried: float = PRIOR_WEIGHT
-    misses: int = 0  # steps in a row whose guesses were all rejected
-    pause: int = 0  # the length of the next pause
-    paused_until: int = 0  # the step from which it guesses again
 
     @property
     def rate(self) -> float:
         return self.kept / self.tried
+
+    def add(self, proposed: int, accepted: int, decay: float) -> None:
+        self.kept = decay * self.kept + accepted
+        self.tried = decay * self.tried + accepted + (accepted < proposed)
+
+
+@dataclass
+class Guessing(KeptRate):
+    """One sequence's proposer state and how its guesses fare: each guess is kept with the probability `rate`,
+    the first rejected one ending the run. A new sequence starts from the engine's recent rate: a workload that
+    repeats its prompts guesses fully from its first steps."""
+
+    index: NgramIndex
+    misses: int = 0  # steps in a row whose guesses were all rejected
+    pause: int = 0  # the length of the next pause
+    paused_until: int = 0  # the step from which it guesses again
 
     def worth(self, threshold: float, most: int) -> int:
         """Guesses worth making: the j-th is kept with probability rate^j, and is worth its cost while that is
@@ -87,8 +98,7 @@ class Guessing:
         return min(most, int(math.log(threshold) / math.log(rate)))
 
     def observe(self, proposed: int, accepted: int, step: int) -> None:
-        tried = accepted + (accepted < proposed)  # those after the first rejected one were never judged
-        self.kept, self.tried = DECAY * self.kept + accepted, DECAY * self.tried + tried
+        self.add(proposed, accepted, DECAY)
         self.misses = self.misses + 1 if accepted == 0 else 0
         if accepted:
             self.pause = 0
@@ -116,16 +126,15 @@ class Speculator:
         self.counters = SpecCounters(config.speculative_method)
         self._states: dict[int, Guessing] = {}
         self._step = 0
-        self._recent = Guessing(NgramIndex(0))  # every sequence's verifications, decayed: a new one's prior
+        self._recent = KeptRate()  # every sequence's verifications, decayed: a new one's prior
 
     def propose(self, seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
         """At most `most` guesses of the tokens after `tokens` (the sequence's, its last one not yet computed),
         as many as are worth `threshold` (Guessing.worth)."""
         state = self._states.get(seq_id)
         if state is None:
-            rate = self._recent.rate
-            state = self._states[seq_id] = Guessing(NgramIndex(self.config.ngram_max), rate * PRIOR_WEIGHT,
-                                                    PRIOR_WEIGHT)
+            state = self._states[seq_id] = Guessing(NgramIndex(self.config.ngram_max),
+                                                    kept=self._recent.rate * PRIOR_WEIGHT)
         if self._step < state.paused_until:
             return []
         k = state.worth(threshold, min(most, self.config.num_speculative_tokens))
@@ -144,9 +153,7 @@ class Speculator:
         state = self._states.get(seq_id)
         if state is not None:
             state.observe(proposed, accepted, self._step)
-        tried = accepted + (accepted < proposed)
-        recent = self._recent
-        recent.kept, recent.tried = ENGINE_DECAY * recent.kept + accepted, ENGINE_DECAY * recent.tried + tried
+        self._recent.add(proposed, accepted, ENGINE_DECAY)
 
     def next_step(self) -> None:
         self._step += 1
