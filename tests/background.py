@@ -42,6 +42,15 @@ def _lower_priority() -> tuple[str, ...]:
     return (nice, "-n", "19") if nice else ()
 
 
+def _spawn_by_fork() -> None:
+    """Children start by fork() from here on, not vfork(). A vfork()ed child execs from the parent's memory with
+    the GIL let go, so a test that sets an environment variable meanwhile (monkeypatch.setenv) can free the
+    environment array the child is reading: its exec fails with EFAULT ("Bad address"), as a background g++
+    did on CI. fork() gives the child its own copy; it costs a millisecond or so per child."""
+    if hasattr(subprocess, "_USE_VFORK"):
+        setattr(subprocess, "_USE_VFORK", False)  # noqa: B010 (a private flag, absent from the stubs)
+
+
 def start_selected_modules(session: pytest.Session) -> None:
     """Calls `start_in_background(session)` of each test module that defines one and has tests selected."""
     modules = {id(item.module): item.module for item in session.items if isinstance(item, pytest.Function)}
@@ -60,6 +69,7 @@ class Background:
     """Work started by name in threads (each driving child processes), taken once by the fixture that needs it."""
 
     def __init__(self) -> None:
+        _spawn_by_fork()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="background")
         self._started: dict[str, Future[Any]] = {}
         self._temp = tempfile.TemporaryDirectory(prefix="pagedserve-tests-")
