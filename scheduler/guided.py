@@ -93,12 +93,15 @@ class GuideFactory:
         self.eos = tokenizer.eos_token_ids[0]
         self.other_stops = frozenset(tokenizer.eos_token_ids[1:]) - {self.eos}
         self.limits = parser_limits()
+        self.writable = writable_bytes(tokenizer)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pagedserve-masks")
         self._executor = llguidance.LLExecutor(mask_threads)
 
     def compile(self, kind: GuideKind, value: Any, param: str) -> GuideSpec:
         """The spec of a constraint given as JSON schema (dict), regex (str), choices (list of str) or Lark
         grammar (str); raises GrammarError naming `param` when llguidance cannot compile it."""
+        if kind == "choice":
+            self._check_writable(value, param)
         grammar = _grammar(kind, value, param)
         error: str | None = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer, limits=self.limits)
         if not error:  # the first mask and token too: some limits are only met there
@@ -106,6 +109,17 @@ class GuideFactory:
         if error:
             raise grammar_error(error, kind, param)
         return GuideSpec(grammar, kind)
+
+    def _check_writable(self, choices: Any, param: str) -> None:
+        """A choice holding a byte no token holds (SmolLM2 has none for a few control characters, nor for the
+        lead bytes of planes 4-11) can never be written: the grammar would fail mid-answer, so it is refused."""
+        for index, choice in enumerate(choices if isinstance(choices, list) else ()):
+            if not isinstance(choice, str):
+                continue
+            unwritable = next((char for char in choice if not self.writable.issuperset(_utf8(char))), None)
+            if unwritable is not None:
+                raise GrammarError(f"{param}: choice {index} holds a character this model cannot write "
+                                   f"(U+{ord(unwritable):04X})", param, f"no token holds {_utf8(unwritable)!r}")
 
     def _first_step_error(self, grammar: str) -> str | None:
         """The first mask's error, or the first allowed token's: a schema that requires itself (no finite
@@ -151,6 +165,18 @@ def allow_alike(bits: np.ndarray, token: int, others: Iterable[int]) -> None:
     on = (words[:, token >> 5] >> np.uint32(token & 31)) & np.uint32(1)
     for other in others:
         words[:, other >> 5] |= on << np.uint32(other & 31)
+
+
+def writable_bytes(tokenizer: GuideTokenizer) -> frozenset[int]:
+    """The bytes some ordinary token holds."""
+    pieces = tokenizer.token_bytes
+    special = tokenizer.special_ids
+    joined = b"".join(pieces[i] for i in range(len(pieces)) if i not in special)
+    return frozenset(np.unique(np.frombuffer(joined, np.uint8)).tolist())
+
+
+def _utf8(char: str) -> bytes:
+    return char.encode("utf-8", errors="surrogatepass")
 
 
 def grammar_error(text: str, kind: GuideKind, param: str) -> GrammarError:

@@ -28,7 +28,8 @@ DESCRIPTIONS = {
     "guided_json": "A JSON schema the grammar engine can compile; at most one of response_format and guided_*.",
     "guided_regex": "A regular expression that matches some string; at most one of response_format and guided_*.",
     "guided_grammar": "A Lark grammar that compiles; at most one of response_format and guided_*.",
-    "guided_choice": "At most one of response_format and guided_*.",
+    "guided_choice": "Choices the model can write (a choice holding a byte that no token holds is refused); at most "
+                     "one of response_format and guided_*.",
     "response_format": "A json_schema the grammar engine can compile; at most one of response_format and guided_*.",
 }
 

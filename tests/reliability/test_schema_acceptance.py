@@ -28,6 +28,10 @@ CONFIG = sim_config(ServiceConfig(port=0))  # the model's 8192-token context: th
 EXAMPLES = 100  # per operation: about 10 s in all on 2 cores, the explicit (coverage) examples included
 SMALL_ID: Schema = {"type": "integer", "minimum": 0, "maximum": 1000}  # below any vocabulary size
 FEW_TOKENS: Schema = {"type": "integer", "minimum": 1, "maximum": 8}  # the prompt plus them within the context
+# text SmolLM2 can write: no token holds bytes 04, 06, 13, 14, 16 or 1D, nor F1 and F2 (planes 4 to 11's lead bytes)
+WRITABLE: Schema = {"type": "string", "minLength": 1,
+                    "pattern": "^[^\x04\x06\x13\x14\x16\x1d\U00040000-\U000bffff]+$"}
+CHOICES: Schema = {"anyOf": [{"type": "array", "minItems": 1, "items": WRITABLE}, {"type": "null"}]}
 # (schema, property) -> what is generated instead, where JSON Schema cannot say the server's rule
 NARROWED: dict[tuple[str, str], Schema] = {
     ("CompletionRequest", "max_tokens"): FEW_TOKENS,  # fits the context: depends on the prompt's token count
@@ -38,6 +42,8 @@ NARROWED: dict[tuple[str, str], Schema] = {
     ("CompletionRequest", "stop_token_ids"): {"anyOf": [{"type": "array", "items": SMALL_ID}, {"type": "null"}]},
     ("ChatRequest", "stop_token_ids"): {"anyOf": [{"type": "array", "items": SMALL_ID}, {"type": "null"}]},
     ("DetokenizeRequest", "tokens"): {"type": "array", "items": SMALL_ID},
+    ("CompletionRequest", "guided_choice"): CHOICES,  # each choice must be text the model can write
+    ("ChatRequest", "guided_choice"): CHOICES,
     ("ChatRequest", "tools"): {"type": "null"},  # each function's parameters must compile as a grammar
     # a tool message must answer a call of the assistant message before it, and every call be answered
     ("ChatMessage", "role"): {"enum": ["system", "developer", "user", "assistant"]},

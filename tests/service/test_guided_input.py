@@ -56,6 +56,17 @@ def test_bad_constraints_and_tools_are_a_400_naming_the_field(sim_server: LiveSe
     assert param in (error.get("param") or "") or param in error["message"], error
 
 
+@pytest.mark.parametrize("choices", [["n\x04o", "yes"], ["\U00040000", "x"]])
+def test_a_choice_the_model_cannot_write_is_a_400_naming_it(sim_server: LiveServer, choices: list[str]) -> None:
+    """SmolLM2 has no token holding byte 04, nor F1 (plane 4's lead byte): such a choice, if sampled into, would
+    fail mid-answer; it is refused before anything runs, the others served as ever."""
+    reply = chat(sim_server, guided_choice=choices)
+    assert reply.status == 400, reply.body
+    error = reply.json()["error"]
+    assert error["param"] == "guided_choice" and "cannot write" in error["message"], error
+    assert chat(sim_server, guided_choice=[choices[1]]).status == 200
+
+
 def test_the_server_is_unharmed_after_bad_grammars(sim_server: LiveServer) -> None:
     for fields, _ in BAD_CHAT:
         chat(sim_server, **fields)
@@ -68,6 +79,7 @@ def test_the_server_is_unharmed_after_bad_grammars(sim_server: LiveServer) -> No
 @pytest.mark.parametrize(("fields", "pattern"), [
     ({"guided_regex": "[0-9]{4}"}, "[0-9]{4}"),
     ({"guided_choice": ["alpha", "beta"]}, "alpha|beta"),
+    ({"guided_choice": ["Ωmega 👍", "日本\x05"]}, "Ωmega 👍|日本\x05"),  # other scripts, emoji, a writable control
     ({"guided_grammar": 'start: "go " ("left" | "right")'}, "go (left|right)"),
 ])
 def test_completions_take_the_guided_fields(sim_server: LiveServer, fields: dict[str, Any], pattern: str) -> None:
