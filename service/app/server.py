@@ -56,12 +56,17 @@ from service.generation.state import (
 )
 from service.generation.tokenize import PromptEncoder
 from service.http.auth import load_keys
-from service.http.cors import cors_headers, cors_middleware
-from service.http.middleware import auth_middleware, counting_middleware, error_middleware, screening_middleware
+from service.http.ids import add_header, add_traceresponse, request_id_middleware
+from service.http.middleware import (
+    auth_middleware,
+    cors_headers,
+    cors_middleware,
+    counting_middleware,
+    error_middleware,
+    screening_middleware,
+)
 from service.http.protocol import make_runner
-from service.http.request_id import add_header, request_id_middleware
-from service.http.traceresponse import add_traceresponse
-from service.openai.prompt_bound import measure
+from service.openai.chat_bounds import measure
 from service.routes.completions import create_chat_completion, create_completion
 from service.routes.system import health, list_models, liveness, metrics, openapi, retrieve_model
 from service.routes.tokens import detokenize, tokenize

@@ -40,7 +40,7 @@ from telemetry import TelemetryConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 TRACE_EXPORTERS = ("auto", "otlp-http", "otlp-grpc", "console", "none")
-ANY_ORIGIN = "*"  # cors_allow_origins: any origin, never with credentials (service/http/cors.py)
+ANY_ORIGIN = "*"  # cors_allow_origins: any origin, never with credentials (service/http/middleware.py)
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 
 # Named scheduler presets. The values come from the frontier experiment in docs/PERFORMANCE.md
@@ -59,15 +59,6 @@ PRESETS: Mapping[str, Mapping[str, int]] = MappingProxyType({
 
 class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names it and is meant for the user."""
-
-
-@dataclass(frozen=True)
-class ChatLimits:
-    """What a chat request may hold, checked before it is rendered (service/routes/chat_limits.py)."""
-
-    max_messages: int
-    max_tools: int
-    max_tool_bytes: int
 
 
 @dataclass(frozen=True)
@@ -101,10 +92,6 @@ class ServiceConfig:
     preset: str | None = None  # one of PRESETS, applied under every setting given explicitly
     cors_allow_origins: tuple[str, ...] = ()  # empty: no CORS headers; "*": any origin, never with credentials
     dashboard: bool = True  # GET /dashboard, the live view of the engine, and its feed GET /dashboard/events
-
-    @property
-    def chat_limits(self) -> ChatLimits:
-        return ChatLimits(self.max_messages, self.max_tools, self.max_tool_bytes)
 
     @property
     def health(self) -> HealthLimits:

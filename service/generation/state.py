@@ -23,7 +23,7 @@ from scheduler.request import EngineRequest
 from service.config.settings import AppConfig
 from service.generation.pacing import ActiveStreams
 from service.generation.tokenize import PromptEncoder
-from service.openai.prompt_bound import PromptBound
+from service.openai.chat_bounds import PromptBound
 
 
 class Phase(enum.Enum):
@@ -79,7 +79,7 @@ class Runtime:
     chat_template: ChatTemplate
     telemetry: Any = None  # telemetry.Telemetry when traces/metrics are on: rendered at /metrics, shut down last
     guides: GuideFactory | None = None  # compiles requests' grammars; None: constrained decoding is refused
-    prompt_bound: PromptBound = PromptBound()  # the chat template's length bound (service/openai/prompt_bound.py)
+    prompt_bound: PromptBound = PromptBound()  # the chat template's length bound (service/openai/chat_bounds.py)
     # what runs the model: /metrics' backend_info labels (service/app/assemble.py)
     backend_info: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 

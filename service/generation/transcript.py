@@ -38,8 +38,3 @@ class Transcript:
 
     def log(self) -> None:
         log.info("%s prompts=%r outputs=%r", self._id, self._prompts, [self._texts[i] for i in sorted(self._texts)])
-
-
-def with_transcript(fmt: Formatter, enabled: bool, request_id: str, prompts: list[TokenIds],
-                    tokenizer: Tokenizer) -> Formatter:
-    return Transcript(fmt, request_id, prompts, tokenizer) if enabled else fmt

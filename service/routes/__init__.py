@@ -1,4 +1,4 @@
 """HTTP route handlers, one module per API surface (completions.py, tokens.py, system.py), and what they share:
-common.py (the runtime, the model's name, a job from a request) and chat_limits.py (a chat body read and bounded
-before it is decoded in full or rendered). A handler reads its request with http/, checks and translates it
-with openai/ and runs it with generation/; it imports nothing of app/, which registers it."""
+common.py (the runtime, the model's name, a chat body read and bounded before it is decoded in full or
+rendered, a job from a request). A handler reads its request with http/, checks and translates it with openai/
+and runs it with generation/; it imports nothing of app/, which registers it."""

@@ -1,11 +1,14 @@
-"""What every generation route does first: find the runtime, check the model, build the job."""
+"""What every generation route does first: find the runtime, read a chat body within its bounds, check the model,
+build the job."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import msgspec
 from aiohttp import web
@@ -14,10 +17,13 @@ from backends.model.tokenizer import Tokenizer
 from scheduler.errors import echoed
 from scheduler.params import SamplingParams
 from scheduler.stop import cut_at_stop
+from service.config.settings import ServiceConfig
 from service.generation.jobs import Job
 from service.generation.state import CONFIG_KEY, STATE_KEY, Phase, Runtime
-from service.http.request_id import engine_id, request_id_of
-from service.http.traceresponse import remember
+from service.generation.tokenize import PromptEncoder
+from service.http.body import parse_json, read_body
+from service.http.ids import engine_id, remember_traceresponse, request_id_of
+from service.openai.chat_bounds import ChatLimits, Context, check_shape
 from service.openai.errors import (
     JSON_CONTENT,
     RETRY_AFTER_S,
@@ -33,6 +39,8 @@ from service.openai.schemas.requests import CommonRequest
 from telemetry import RequestContext, extract_context
 
 MAX_CHOICES = 128  # prompts x n in one request
+REFUSAL_PACE = 20  # a refused chat body's answer waits this many times what counting it took (~1 ms a MB)
+T = TypeVar("T")
 
 
 def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -50,6 +58,26 @@ def runtime_of(request: web.Request) -> Runtime:
     if state.phase is Phase.UNHEALTHY:
         raise engine_failed(state.failure)
     raise shutting_down()
+
+
+async def read_chat_body(request: web.Request, service: ServiceConfig, encoder: PromptEncoder, type_: type[T],
+                         context: Context | None = None) -> T:
+    """A body with messages and tools: counted (against `context` too, when given) before it is decoded in full
+    (service/openai/chat_bounds.py), off the loop when it is big."""
+    body = await read_body(request, service.max_body_bytes, service.read_timeout_s)
+    started = time.perf_counter()
+    try:
+        check_shape(body, ChatLimits(service.max_messages, service.max_tools, service.max_tool_bytes), context)
+    except APIError:
+        await pace_refusal(time.perf_counter() - started)
+        raise
+    return await encoder.run(len(body), parse_json, body, type_)
+
+
+async def pace_refusal(spent_s: float) -> None:
+    """A refused request cost the event loop `spent_s`; its sender waits REFUSAL_PACE times that for the answer,
+    so a client posting such bodies back to back gets the loop a small share of the time, not all of it."""
+    await asyncio.sleep(REFUSAL_PACE * spent_s)
 
 
 def served_model(request: web.Request, asked: str | None) -> str:
@@ -89,7 +117,7 @@ def trace_contexts(request: web.Request, model: str, operation: str, prompts: li
     runtime, record = runtime_of(request), request.app[CONFIG_KEY].telemetry.record_content
     contexts = tuple(_context(runtime, record, base, ids, params) for ids in prompts)
     if contexts:
-        remember(request, contexts[0])  # traceresponse names the first prompt's span (one per prompt)
+        remember_traceresponse(request, contexts[0])  # traceresponse names the first prompt's span (one per prompt)
     return contexts
 
 

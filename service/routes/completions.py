@@ -8,13 +8,12 @@ from scheduler.guided import GuideFactory, GuideSpec
 from service.generation.jobs import Job, run_job
 from service.generation.state import CONFIG_KEY, ENCODER_KEY, STATE_KEY, Runtime
 from service.generation.tokenize import prompt_chars
-from service.generation.transcript import with_transcript
+from service.generation.transcript import Transcript
 from service.http.body import read_json
+from service.openai.chat_bounds import Context, check_length
 from service.openai.errors import bad_request
 from service.openai.formats import ChatFormatter, CompletionFormatter, Formatter
-from service.openai.guided import guide_of, has_constraint
-from service.openai.params import chat_params, completion_params
-from service.openai.prompt_bound import check_length
+from service.openai.params import chat_params, completion_params, guide_of, has_constraint
 from service.openai.prompts import (
     chat_prompt,
     check_context,
@@ -26,8 +25,7 @@ from service.openai.prompts import (
 )
 from service.openai.schemas.requests import ChatRequest, CompletionRequest
 from service.openai.tools import NO_TOOLS, ToolUse, tool_use
-from service.routes.chat_limits import Context, read_chat_body
-from service.routes.common import check_choices, make_job, runtime_of, served_model
+from service.routes.common import check_choices, make_job, read_chat_body, runtime_of, served_model
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -50,7 +48,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """Everything whose cost grows with the request (decoding a big body, tools, rendering, tokenizing) runs on
-    the tokenizer threads, after the cheap checks of service/routes/chat_limits.py have bounded it."""
+    the tokenizer threads, after the cheap checks of service/openai/chat_bounds.py have bounded it."""
     runtime, encoder = runtime_of(request), request.app[ENCODER_KEY]
     max_len = runtime.engine.max_model_len
     req = await read_chat_body(request, request.app[CONFIG_KEY].service, encoder, ChatRequest,
@@ -82,5 +80,7 @@ def _chat_guidance(req: ChatRequest, guides: GuideFactory | None) -> tuple[ToolU
 
 
 def _logged(request: web.Request, fmt: Formatter, job: Job, runtime: Runtime) -> Formatter:
-    enabled = request.app[CONFIG_KEY].service.log_prompts
-    return with_transcript(fmt, enabled, job.ident.id, job.prompts, runtime.tokenizer)
+    """`fmt`, recording what it writes when `log_prompts` is on (off, nothing of the transcript runs)."""
+    if not request.app[CONFIG_KEY].service.log_prompts:
+        return fmt
+    return Transcript(fmt, job.ident.id, job.prompts, runtime.tokenizer)

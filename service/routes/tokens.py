@@ -16,8 +16,7 @@ from service.openai.errors import bad_request
 from service.openai.prompts import TokenIds, chat_prompt
 from service.openai.schemas.requests import DetokenizeRequest, TokenizeRequest
 from service.openai.schemas.responses import DetokenizeResponse, TokenizeResponse
-from service.routes.chat_limits import read_chat_body
-from service.routes.common import json_response, runtime_of, served_model
+from service.routes.common import json_response, read_chat_body, runtime_of, served_model
 
 # No context-length check: a client asks /tokenize precisely to learn whether a text fits (vLLM does not refuse
 # either); the body size limit bounds the work.

@@ -17,14 +17,13 @@ import pytest
 
 from backends.model.chat_template import ChatTemplate
 from backends.model.loader import ModelFiles
-from service.config.settings import ChatLimits, ServiceConfig
+from service.config.settings import ServiceConfig
 from service.generation.tokenize import PromptEncoder
+from service.openai.chat_bounds import ChatLimits, Context, PromptBound, check_length, check_shape, measure
 from service.openai.errors import APIError
-from service.openai.prompt_bound import PromptBound, check_length, measure
 from service.openai.prompts import chat_prompt
 from service.openai.schemas.requests import ChatMessage
-from service.routes import chat_limits
-from service.routes.chat_limits import Context, check_shape
+from service.routes import common
 from tests.service.live import LiveServer, cached_builder, sim_config
 from tests.service.rawhttp import post, sse_events
 
@@ -89,9 +88,9 @@ def test_a_refusal_waits_twenty_times_what_counting_took(server: LiveServer, mon
     async def recording(spent_s: float) -> None:
         paced.append(spent_s)
 
-    monkeypatch.setattr(chat_limits, "pace_refusal", recording)
+    monkeypatch.setattr(common, "pace_refusal", recording)
     assert post(server.url + CHAT, {"messages": turns(51)}).status == 400
-    assert len(paced) == 1 and 0 < paced[0] < 1.0 and chat_limits.REFUSAL_PACE == 20
+    assert len(paced) == 1 and 0 < paced[0] < 1.0 and common.REFUSAL_PACE == 20
     assert post(server.url + CHAT, {"messages": turns(1), "max_tokens": 1}).status == 200
     assert len(paced) == 1  # a request served is never held
 
