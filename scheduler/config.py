@@ -70,7 +70,7 @@ def _valid_itl_target(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-SPECULATIVE_METHODS = ("off", "ngram")
+SPECULATIVE_METHODS = ("off", "ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -78,14 +78,16 @@ class SpeculativeConfig:
     """Speculative decoding (scheduler/speculation.py): a decoding sequence's next tokens are guessed, and one
     step computes the guesses' logits beside its own token, keeping the longest run the model agrees with."""
 
-    # off, or ngram: prompt lookup, the tokens that followed the sequence's last n tokens where they last
-    # occurred in it (1 <= n <= ngram_max), found without another model
+    # off; ngram: prompt lookup, the tokens that followed the sequence's last n tokens where they last occurred
+    # in it (1 <= n <= ngram_max), found without another model; draft: a smaller model's greedy tokens
+    # (scheduler/draft.py), the model at draft_model
     speculative_method: str = "off"
     # the most tokens guessed per sequence and step (k); fewer where the step-cost model says a guess is not
     # worth its row (scheduler/speculation.py). 3: a CPU's stored-weight kernels verify up to 4 rows for about
     # 1.6x one row's time, 5 for 2.9x (PERFORMANCE.md, "Speculative decoding")
     num_speculative_tokens: int = 3
     ngram_max: int = 4  # the longest n-gram matched; longer matches are tried first
+    draft_model: str | None = None  # the draft method's model (a GGUF file or a checkpoint directory)
 
     def __post_init__(self) -> None:
         if self.speculative_method not in SPECULATIVE_METHODS:
@@ -95,6 +97,9 @@ class SpeculativeConfig:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], not {self.num_speculative_tokens}")
         if not 1 <= self.ngram_max <= 16:
             raise ValueError(f"ngram_max must be in [1, 16], not {self.ngram_max}")
+        if (self.speculative_method == "draft") != (self.draft_model is not None):
+            raise ValueError("speculative_method draft takes its model from draft_model, and only it does: set "
+                             "both or neither")
 
     @property
     def enabled(self) -> bool:

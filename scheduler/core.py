@@ -13,6 +13,7 @@ from backends.base import Backend, StepOutput
 from backends.step_shape import CostCoefficients
 from kvpool import KVCacheManager, KVStats
 from scheduler.config import SchedulerConfig, SpeculativeConfig
+from scheduler.draft import DraftModel
 from scheduler.engine_view import EngineViews
 from scheduler.errors import (
     GRAMMAR_FAILED,
@@ -65,8 +66,10 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, tokenizer: TokenizerLike, *,
                  max_model_len: int, observer: EngineObserver | None = None,
                  clock: Callable[[], float] = time.monotonic, cost: StepCostModel | None = None,
-                 guides: GuideFactory | None = None, speculative: SpeculativeConfig | None = None) -> None:
+                 guides: GuideFactory | None = None, speculative: SpeculativeConfig | None = None,
+                 draft: DraftModel | None = None) -> None:
         self.config = config
+        self.draft = draft  # the draft model (speculative_method "draft"), run by the engine before each plan
         self.guides = guides  # None: requests with a grammar are refused
         self.kv = kv
         self.tokenizer = tokenizer
@@ -74,7 +77,7 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.cost = cost if cost is not None else StepCostModel(CostCoefficients())
         self.scheduler = Scheduler(config, kv, max_model_len, frozenset(tokenizer.eos_token_ids), self.cost,
-                                   speculative)
+                                   speculative, draft)
         self._planned_at = 0.0  # when the step being run was planned: its time runs from there to its tokens
         self.observer: EngineObserver = observer or NullObserver()
         self._observes_steps = observes_steps(self.observer)
@@ -90,14 +93,14 @@ class EngineCore:
     def for_backend(cls, config: SchedulerConfig, kv: KVCacheManager, backend: Backend, tokenizer: TokenizerLike,
                     *, max_model_len: int, observer: EngineObserver | None = None,
                     cost: StepCostModel | None = None, guides: GuideFactory | None = None,
-                    speculative: SpeculativeConfig | None = None) -> EngineCore:
+                    speculative: SpeculativeConfig | None = None, draft: DraftModel | None = None) -> EngineCore:
         """A core whose clock is the backend's when it has one (the simulator's virtual clock), else monotonic;
         its step-cost model `cost`, else one seeded with the backend's guess (cost_prior())."""
         clock = backend.clock
         return cls(config, kv, tokenizer, max_model_len=max_model_len, observer=observer,
                    clock=clock.now if clock is not None else time.monotonic,
                    cost=cost if cost is not None else StepCostModel(backend.cost_prior()), guides=guides,
-                   speculative=speculative)
+                   speculative=speculative, draft=draft)
 
     # --- admission -------------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> RequestStream:
@@ -280,6 +283,8 @@ class EngineCore:
         (O(blocks + rows)): after a step that failed part-way, and after every step with debug_checks."""
         self.kv.check_invariants()
         self.scheduler.check_rows()
+        if self.draft is not None:
+            self.draft.check_invariants()
 
     def _close(self, state: RequestState, error: str | None, code: str | None = None) -> None:
         self.requests.pop(state.request.request_id, None)

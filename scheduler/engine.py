@@ -14,14 +14,18 @@ more is admitted, and `wait_failed()` returns the cause, once, for the server to
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from backends.base import Backend, StepBatch, StepOutput
 from kvpool import KVCacheManager
 from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.core import EngineCore, EngineStats
+from scheduler.draft import DraftModel
 from scheduler.engine_view import EngineSnapshot, StepWatcher
 from scheduler.errors import ENGINE_FAILED, EngineStoppedError
 from scheduler.guided import GuideFactory
@@ -37,6 +41,7 @@ from scheduler.step_runner import StepCrashedError, StepRunner, StepTimeoutError
 from telemetry.interface import EngineObserver
 
 log = logging.getLogger("pagedserve.engine")
+T = TypeVar("T")
 SHUTDOWN_ERROR = "server shutting down"
 MAX_CONSECUTIVE_FAILURES = 5  # failed steps in a row that mean the backend is broken, not unlucky
 
@@ -50,11 +55,14 @@ class Engine:
                  tokenizer: TokenizerLike, *, max_model_len: int, observer: EngineObserver | None = None,
                  step_timeout_s: float = 0.0, max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES,
                  cost: StepCostModel | None = None, guides: GuideFactory | None = None,
-                 health: HealthLimits | None = None, speculative: SpeculativeConfig | None = None) -> None:
+                 health: HealthLimits | None = None, speculative: SpeculativeConfig | None = None,
+                 draft: DraftModel | None = None) -> None:
         """step_timeout_s: the watchdog's limit on one step (0: none); cost: the step-cost model (a calibrated
-        one; else one seeded with the backend's guess); health: when /health calls the engine degraded."""
+        one; else one seeded with the backend's guess); health: when /health calls the engine degraded;
+        draft: the draft model of speculative_method "draft", run in the step thread before each plan."""
         self.core = EngineCore.for_backend(scheduler_config, kv, backend, tokenizer, max_model_len=max_model_len,
-                                           observer=observer, cost=cost, guides=guides, speculative=speculative)
+                                           observer=observer, cost=cost, guides=guides, speculative=speculative,
+                                           draft=draft)
         self.backend = backend
         self._runner = StepRunner(backend.execute, inline=backend.step_is_instant, timeout_s=step_timeout_s)
         self._wake = asyncio.Event()
@@ -63,6 +71,7 @@ class Engine:
         self._failures = _FailureCount(max_consecutive_failures)
         self._failed = asyncio.Event()
         self.failure: str | None = None  # why the engine failed, once it has
+        self.draft_failure: str | None = None  # why the draft model was switched off, once it was
         self.health = StepHealth(health or HealthLimits())
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -141,6 +150,7 @@ class Engine:
             self._wake.clear()
             await self._wake.wait()
             return
+        await self._draft()
         plan = self._plan()
         if plan.batch is not None:
             await self._step(plan)
@@ -155,7 +165,7 @@ class Engine:
         output: StepOutput | None
         passing = False
         try:
-            output = await self._run_watched(plan.batch, plan.predicted_s)
+            output = await self._run_watched(self._execute(plan.batch), plan.predicted_s)
         except EngineFailedError:
             raise
         except Exception as exc:  # noqa: BLE001 - the backend's failure: its requests fail, the engine goes on
@@ -164,17 +174,38 @@ class Engine:
         if output is not None:
             self._commit(plan, output, started, passing)
 
+    async def _draft(self) -> None:
+        """The draft model's guesses for the step about to be planned, computed in the step thread. A draft that
+        raises is switched off (the log says why): the engine serves on without guesses, as fast as before
+        speculation; a hang or a crash there is the engine's, as a step's would be."""
+        draft, speculator = self.core.draft, self.core.scheduler.speculator
+        jobs = self.core.scheduler.draft_jobs() if draft is not None and self.draft_failure is None else []
+        if draft is None or speculator is None or not jobs:
+            return
+        try:
+            speculator.take_drafts(await self._run_watched(functools.partial(draft.propose, jobs), 0.0))
+        except EngineFailedError:
+            raise
+        except Exception as exc:  # the draft's failure costs its guesses, never a request
+            self.draft_failure = f"{type(exc).__name__}: {exc}"
+            log.error("the draft model failed (%s); speculative decoding is off from now on", self.draft_failure,
+                      exc_info=exc)
+
+    def _execute(self, batch: StepBatch) -> Callable[[], StepOutput]:
+        return functools.partial(self.backend.execute, batch)
+
     def _plan(self) -> SchedulerPlan:
         try:
             return self.core.plan()
         except Exception as exc:
             raise EngineFailedError(f"planning a step raised {type(exc).__name__}: {exc}") from exc
 
-    async def _run_watched(self, batch: StepBatch, predicted_s: float) -> StepOutput:
-        """One backend call under the watchdog, its time watched by /health; a hang or a crash fails the engine."""
+    async def _run_watched(self, work: Callable[[], T], predicted_s: float) -> T:
+        """One backend call (a step, or other work in the step thread) under the watchdog, its time watched by
+        /health; a hang or a crash fails the engine."""
         self.health.running(predicted_s)
         try:
-            return await self._runner.run(batch)
+            return await self._runner.call(work)
         except StepTimeoutError as exc:
             self.core.observer.step_failed("hang")
             raise EngineFailedError(str(exc)) from None
@@ -224,7 +255,7 @@ class Engine:
     async def _run_part(self, batch: StepBatch) -> StepOutput | None:
         """A part of a failed step: its output, or None when it failed too (or returned an unusable one)."""
         try:
-            output = await self._run_watched(batch, 0.0)
+            output = await self._run_watched(self._execute(batch), 0.0)
             out_of_vocabulary(output, len(batch.sample_rows), self.core.vocab_size)  # the shape, checked here
             return output
         except EngineFailedError:

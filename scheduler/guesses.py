@@ -16,6 +16,7 @@ from backends.base import LongArray
 from backends.step_shape import CostCoefficients, StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import Drafts
+from scheduler.draft import DraftJob
 from scheduler.persistent_batch import PersistentBatch
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.speculation import Speculator
@@ -45,28 +46,45 @@ class Proposals:
 
 def propose(speculator: Speculator, running: list[Sequence], rows: LongArray, persistent: PersistentBatch,
             cost: CostCoefficients | None) -> Proposals | None:
-    """Guesses for the running sequences that decode their next token, may guess (no penalties, no min_tokens
-    still to reach) and have room under their length limit, as many as `cost` says are worth it (None: as many
-    as allowed) and, for a guided sequence, as its grammar accepts; None when none has any."""
-    known, computed = persistent.num_tokens[rows], persistent.computed[rows]
-    room = persistent.stops.limit[rows] - known - 1  # k + 1 new tokens must stay within max_tokens and the context
-    may = (known - computed == 1) & (known > persistent.prompt_lens[rows]) & (room > 0)
-    may &= persistent.sampling.may_guess(rows)
-    if not may.any():
-        return None
-    threshold = 0.0 if cost is None else guess_threshold(cost, known - computed == 1, known)
+    """Guesses for the running sequences that may guess (`guessers`), as many as `cost` says are worth it (None:
+    as many as allowed) and, for a guided sequence, as its grammar accepts; None when none has any."""
+    who, threshold = guessers(running, rows, persistent, cost)
     lens = np.zeros(len(rows), np.int64)
     tokens: dict[int, list[int]] = {}
-    for i in np.flatnonzero(may).tolist():
-        seq = running[i]
-        if seq.num_output_tokens < seq.params.min_tokens:
-            continue
-        guesses = speculator.propose(seq.seq_id, seq.token_ids, int(room[i]), threshold)
+    for i, seq, room in who:
+        guesses = speculator.propose(seq.seq_id, seq.token_ids, room, threshold)
         if guesses and seq.guide is not None:  # what its grammar refuses is no guess: cut before verifying
             guesses = guesses[: seq.guide.allowed_run(guesses)]
         if guesses:
             lens[i], tokens[i] = len(guesses), guesses
     return Proposals(lens, tokens) if tokens else None
+
+
+def draft_jobs(speculator: Speculator, running: list[Sequence], rows: LongArray, persistent: PersistentBatch,
+               cost: CostCoefficients | None) -> list[DraftJob]:
+    """What the draft model is asked for before the step is planned: each sequence that may guess (`guessers`),
+    with as many guesses as are worth it."""
+    who, threshold = guessers(running, rows, persistent, cost)
+    jobs = [DraftJob(seq.seq_id, seq.token_ids, speculator.wanted(seq.seq_id, room, threshold))
+            for _, seq, room in who]
+    return [job for job in jobs if job.k]
+
+
+def guessers(running: list[Sequence], rows: LongArray, persistent: PersistentBatch, cost: CostCoefficients | None
+             ) -> tuple[list[tuple[int, Sequence, int]], float]:
+    """The running sequences that decode their next token, may guess (no penalties, no min_tokens still to
+    reach) and have room under their length limit: (position in running order, the sequence, its room); and
+    the chance of being kept a guess must have to be worth its row (guess_threshold; 0 without a cost model)."""
+    known, computed = persistent.num_tokens[rows], persistent.computed[rows]
+    room = persistent.stops.limit[rows] - known - 1  # k + 1 new tokens must stay within max_tokens and the context
+    may = (known - computed == 1) & (known > persistent.prompt_lens[rows]) & (room > 0)
+    may &= persistent.sampling.may_guess(rows)
+    if not may.any():
+        return [], 0.0
+    threshold = 0.0 if cost is None else guess_threshold(cost, known - computed == 1, known)
+    who = [(i, running[i], int(room[i])) for i in np.flatnonzero(may).tolist()
+           if running[i].num_output_tokens >= running[i].params.min_tokens]
+    return who, threshold
 
 
 def guess_threshold(cost: CostCoefficients, decoding: np.ndarray, known: LongArray) -> float:

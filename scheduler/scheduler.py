@@ -34,7 +34,8 @@ from backends.step_shape import StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import Drafts, build_batch
 from scheduler.config import SchedulerConfig, SpeculativeConfig
-from scheduler.guesses import Proposals, drafts_of, propose, settle_guesses
+from scheduler.draft import DraftJob, DraftModel
+from scheduler.guesses import Proposals, draft_jobs, drafts_of, propose, settle_guesses
 from scheduler.guided import PendingMasks
 from scheduler.itl_target import ItlTarget, resolve_itl_target
 from scheduler.persistent_batch import PersistentBatch
@@ -93,10 +94,11 @@ class _Chosen:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
                  eos_ids: frozenset[int], cost: StepCostModel | None = None,
-                 speculative: SpeculativeConfig | None = None) -> None:
+                 speculative: SpeculativeConfig | None = None, draft: DraftModel | None = None) -> None:
+        """draft: the draft model, with speculative_method "draft" (its guesses come through draft_jobs)."""
         self.config = config
         # guesses each decoding sequence's next tokens, verified in the step (None: speculation off)
-        self.speculator = Speculator(speculative) if speculative is not None and speculative.enabled else None
+        self.speculator = _speculator(speculative, draft)
         self.kv = kv
         self.cost = cost  # predicts each step's time; with itl_target_ms, sizes prefill to fit the target
         # "auto" prices each step's own decode part with the current (refitted) model: the shape it sees most,
@@ -280,8 +282,18 @@ class Scheduler:
             return None
         self.speculator.next_step()
         _, rows = self._running_index()
-        return propose(self.speculator, self.running, rows, self.rows,
-                       None if self.cost is None else self.cost.coefficients)
+        proposals = propose(self.speculator, self.running, rows, self.rows,
+                            None if self.cost is None else self.cost.coefficients)
+        self.speculator.take_drafts({})  # a draft's guesses are for the step they were made for
+        return proposals
+
+    def draft_jobs(self) -> list[DraftJob]:
+        """What to ask the draft model for before the next step is planned ([] without one)."""
+        if self.speculator is None or not self.speculator.drafts or not self.running:
+            return []
+        _, rows = self._running_index()
+        return draft_jobs(self.speculator, self.running, rows, self.rows,
+                          None if self.cost is None else self.cost.coefficients)
 
     def _prefill_time(self, proposals: Proposals | None = None) -> PrefillTime | None:
         """The target's time left for prefill after the decode part (guesses included), when a target is set and
@@ -510,3 +522,11 @@ def _running_only(seqs: list[Sequence], tokens: list[int]) -> tuple[list[int], l
     """Drop the sequences aborted while the step ran: (their positions kept, sequences, tokens)."""
     index = [i for i, seq in enumerate(seqs) if seq.status is SequenceStatus.RUNNING]
     return index, [seqs[i] for i in index], [tokens[i] for i in index]
+
+
+def _speculator(config: SpeculativeConfig | None, draft: DraftModel | None) -> Speculator | None:
+    if config is None or not config.enabled:
+        return None
+    if (config.speculative_method == "draft") != (draft is not None):
+        raise ValueError("speculative_method 'draft' needs a draft model, and only it takes one")
+    return Speculator(config, None if draft is None else draft.forget)

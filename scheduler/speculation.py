@@ -8,7 +8,8 @@ a proposal that is one token (a point mass, as prompt lookup's is), keeping a gu
 equals it is rejection sampling's rule (accept with probability p(guess), else draw from the rest of p).
 
 Proposals come from prompt lookup (`ngram`): the tokens that followed the sequence's last n tokens where
-those n tokens last occurred earlier in it, longest n first. How many a sequence guesses (at most
+those n tokens last occurred earlier in it, longest n first; or from a draft model (`draft`,
+scheduler/draft.py), a smaller model's greedy tokens, also a point mass. How many a sequence guesses (at most
 num_speculative_tokens) weighs what a guess costs against what it is worth: the scheduler's step-cost model
 prices one more row beside the step's decode part, a kept token is worth the time per token of that part
 (its time over its sequences), and the j-th guess is kept with probability rate^j, the sequence's own
@@ -22,6 +23,7 @@ below the price still makes one guess when not paused (a probe), or one early mi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduler.config import SpeculativeConfig
@@ -121,30 +123,47 @@ class Speculator:
     """Proposals for the scheduler; it calls `propose()` when it plans a step and `observe()` when the step's
     tokens are verified, and `forget()` when a sequence ends."""
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, forget_draft: Callable[[int], None] | None = None) -> None:
+        """forget_draft: told of each sequence that ends, with the draft method (the draft's pool frees it)."""
         self.config = config
         self.counters = SpecCounters(config.speculative_method)
         self._states: dict[int, Guessing] = {}
         self._step = 0
         self._recent = KeptRate()  # every sequence's verifications, decayed: a new one's prior
+        self._drafted: dict[int, list[int]] = {}  # the draft model's guesses for the step being planned
+        self._forget_draft = forget_draft
+
+    @property
+    def drafts(self) -> bool:
+        """Guesses come from a draft model, run before the step is planned (scheduler/draft.py)."""
+        return self.config.speculative_method == "draft"
 
     def propose(self, seq_id: int, tokens: list[int], most: int, threshold: float = 0.0) -> list[int]:
         """At most `most` guesses of the tokens after `tokens` (the sequence's, its last one not yet computed),
-        as many as are worth `threshold` (Guessing.worth)."""
+        as many as are worth `threshold` (Guessing.worth); with a draft model, what it guessed (`take_drafts`)."""
+        if self.drafts:
+            return self._drafted.get(seq_id, [])[:most]
+        k = self.wanted(seq_id, most, threshold)
+        return self._states[seq_id].index.propose(tokens, k) if k else []
+
+    def wanted(self, seq_id: int, most: int, threshold: float = 0.0) -> int:
+        """How many guesses the sequence makes this step (0 while it pauses), at most `most`."""
         state = self._states.get(seq_id)
         if state is None:
             state = self._states[seq_id] = Guessing(NgramIndex(self.config.ngram_max),
                                                     kept=self._recent.rate * PRIOR_WEIGHT)
         if self._step < state.paused_until:
-            return []
+            return 0
         k = state.worth(threshold, min(most, self.config.num_speculative_tokens))
         # Not worth a guess at its rate, where a guess costs less than half a token's worth: one guess anyway (a
         # probe), since a sequence that never guesses never learns that its text began to repeat; failed probes
         # pause it as failed guesses do, for ever longer. A crowded step (a guess nearly a token's price) never
         # probes.
-        if k == 0 and threshold < PROBE_BELOW:
-            k = 1
-        return state.index.propose(tokens, k) if k else []
+        return 1 if k == 0 and threshold < PROBE_BELOW else k
+
+    def take_drafts(self, drafted: dict[int, list[int]]) -> None:
+        """The draft model's guesses for the next step planned (replacing the last step's)."""
+        self._drafted = drafted
 
     def observe(self, seq_id: int, proposed: int, accepted: int) -> None:
         counters = self.counters
@@ -160,3 +179,5 @@ class Speculator:
 
     def forget(self, seq_id: int) -> None:
         self._states.pop(seq_id, None)
+        if self._forget_draft is not None:
+            self._forget_draft(seq_id)

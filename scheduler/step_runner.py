@@ -1,4 +1,5 @@
-"""Runs the backend's steps off the event loop, in one thread of their own, under a watchdog.
+"""Runs the backend's steps off the event loop, in one thread of their own, under a watchdog (and other work that
+must run there, beside no step: a draft model's proposals).
 
 The thread is a daemon: a step that never returns can be abandoned (the engine declares itself failed and the
 process exits) without the interpreter waiting on it at exit, which a ThreadPoolExecutor worker would make it do.
@@ -11,10 +12,13 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
 
 from backends.base import StepBatch, StepOutput
 
 Execute = Callable[[StepBatch], StepOutput]
+T = TypeVar("T")
 
 
 class StepTimeoutError(Exception):
@@ -27,11 +31,11 @@ class StepCrashedError(Exception):
 
 @dataclass
 class _Job:
-    batch: StepBatch
-    future: asyncio.Future[StepOutput]
+    work: Callable[[], Any]
+    future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
 
-    def deliver(self, output: StepOutput | None, error: Exception | None) -> None:
+    def deliver(self, output: Any, error: Exception | None) -> None:
         """Settle the future on its loop, unless the engine gave up on it (watchdog, shutdown)."""
         def apply() -> None:
             if self.future.done():
@@ -39,7 +43,7 @@ class _Job:
             if error is not None:
                 self.future.set_exception(error)
             else:
-                self.future.set_result(output)  # type: ignore[arg-type]  # set whenever error is None
+                self.future.set_result(output)
 
         try:
             self.loop.call_soon_threadsafe(apply)
@@ -57,9 +61,13 @@ class StepRunner:
         self._thread: threading.Thread | None = None
 
     async def run(self, batch: StepBatch) -> StepOutput:
+        return await self.call(partial(self._execute, batch))
+
+    async def call(self, work: Callable[[], T]) -> T:
+        """`work()` in the step thread (on the caller's with inline), under the same watchdog as a step."""
         if self._inline:
-            return self._call(batch)
-        future = self._submit(batch)
+            return self._call(work)
+        future: asyncio.Future[T] = self._submit(work)
         try:
             return await asyncio.wait_for(asyncio.shield(future), self._timeout)
         except TimeoutError:
@@ -71,26 +79,26 @@ class StepRunner:
             self._jobs.put(None)
             self._thread = None
 
-    def _call(self, batch: StepBatch) -> StepOutput:
+    def _call(self, work: Callable[[], T]) -> T:
         try:
-            return self._execute(batch)
+            return work()
         except Exception:
             raise
         except BaseException as exc:  # not for the event loop to meet: it would stop the loop itself
             raise StepCrashedError(f"the step raised {type(exc).__name__}: {exc}") from exc
 
-    def _submit(self, batch: StepBatch) -> asyncio.Future[StepOutput]:
+    def _submit(self, work: Callable[[], Any]) -> asyncio.Future[Any]:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="pagedserve-step", daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[StepOutput] = loop.create_future()
-        self._jobs.put(_Job(batch, future, loop))
+        future: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put(_Job(work, future, loop))
         return future
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             try:
-                job.deliver(self._call(job.batch), None)
+                job.deliver(self._call(job.work), None)
             except Exception as exc:  # noqa: BLE001 - handed to the engine, which decides
                 job.deliver(None, exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import cast
@@ -13,14 +13,15 @@ from typing import cast
 from backends.base import Backend
 from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
 from backends.registry import create_backend
-from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config
+from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config, new_kv_cache_manager
 from scheduler.calibration import calibrate
+from scheduler.draft import DraftModel
 from scheduler.engine import Engine
 from scheduler.guided import GuideFactory
 from scheduler.llm import LLM
 from scheduler.output_processor import TokenizerLike
 from scheduler.step_cost import StepCostModel
-from service.config.settings import AppConfig
+from service.config.settings import AppConfig, ConfigError
 from telemetry.interface import EngineObserver
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class ModelParts:
     backend: Backend
     kv: KVCacheManager
     max_model_len: int
+    draft: DraftModel | None = None  # speculative_method "draft": the draft model, its backend and pool
 
 
 def model_name(config: AppConfig) -> str:
@@ -63,7 +65,44 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB at %d bytes a value, %s layout)",
              kv.num_blocks, config.kv.block_size, kv.num_blocks * config.kv.block_size,
              kv.num_blocks * spec.bytes_per_block / 2**20, geo.dtype_bytes, config.kv.kv_layout)
-    return ModelParts(files, backend, kv, max_len)
+    draft = build_draft(config, files, kv, max_len) if config.speculative.draft_model is not None else None
+    return ModelParts(files, backend, kv, max_len, draft)
+
+
+def build_draft(config: AppConfig, files: ModelFiles, kv: KVCacheManager, max_model_len: int) -> DraftModel:
+    """The draft model on the served model's backend, with a pool of as many blocks as the served model's (its
+    KV is smaller, so it holds every running sequence); refused with one line when its tokenizer is not the
+    served model's or its context is shorter."""
+    path = config.speculative.draft_model
+    assert path is not None
+    _, draft_files = open_model(path)
+    mismatch = vocabulary_mismatch(draft_files, files) or context_shortfall(draft_files, max_model_len)
+    if mismatch:
+        raise ConfigError(f"speculative.draft_model {path}: {mismatch}")
+    backend = create_backend(replace(config.backend, model=path, chat_template=None), draft_files)
+    pool = new_kv_cache_manager("paged", kv.num_blocks, kv.block_size, max_model_len=max_model_len,
+                                enable_prefix_caching=False)
+    backend.init_cache(pool.num_blocks, pool.block_size)
+    log.info("draft model: %s, %d KV blocks of its own", path, pool.num_blocks)
+    return DraftModel(backend, pool)
+
+
+def vocabulary_mismatch(draft: ModelFiles, served: ModelFiles) -> str | None:
+    """Why the draft's tokens are not the served model's (the same ids must be the same text), else None."""
+    mine, theirs = draft.tokenizer.token_bytes, served.tokenizer.token_bytes
+    if len(mine) != len(theirs):
+        return f"its tokenizer has {len(mine)} tokens, the served model's {len(theirs)}"
+    differ = next((i for i in range(len(mine)) if mine[i] != theirs[i]), None)
+    if differ is not None:
+        return f"its token {differ} is {mine[differ]!r}, the served model's {theirs[differ]!r}"
+    if draft.tokenizer.eos_token_ids != served.tokenizer.eos_token_ids:
+        return "its end-of-sequence tokens are not the served model's"
+    return None
+
+
+def context_shortfall(draft: ModelFiles, max_model_len: int) -> str | None:
+    length = draft.config.context_length
+    return f"its context ({length}) is shorter than max_model_len ({max_model_len})" if length < max_model_len else None
 
 
 def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver | None = None,
@@ -73,7 +112,7 @@ def build_engine(config: AppConfig, parts: ModelParts, observer: EngineObserver 
     engine = Engine(config.scheduler, parts.kv, parts.backend, _tokenizer(parts),
                     max_model_len=parts.max_model_len, observer=observer,
                     step_timeout_s=config.service.step_timeout_s, cost=cost, guides=guides,
-                    health=config.service.health, speculative=config.speculative)
+                    health=config.service.health, speculative=config.speculative, draft=parts.draft)
     log.info("ITL target: %s", engine.core.scheduler.itl_target.describe())
     return engine
 
@@ -108,7 +147,7 @@ def backend_info(config: AppConfig, parts: ModelParts) -> Mapping[str, str]:
 
 def build_llm(config: AppConfig, parts: ModelParts) -> LLM:
     return LLM(config.scheduler, parts.kv, parts.backend, _tokenizer(parts), max_model_len=parts.max_model_len,
-               speculative=config.speculative)
+               speculative=config.speculative, draft=parts.draft)
 
 
 def _tokenizer(parts: ModelParts) -> TokenizerLike:

@@ -154,13 +154,17 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "kv.kv_layout": SettingDoc("paged (blocks as a sequence grows) or contiguous (each sequence reserves "
                                "max_model_len: the baseline without paging)", choices=KV_LAYOUTS),
     "speculative.speculative_method": SettingDoc(
-        "speculative decoding: off, or ngram (prompt lookup: a decoding sequence guesses the tokens that followed "
-        "its last n tokens earlier in it, and one step verifies the guesses beside its own token; the output is "
-        "the same token for token; docs/CONFIG.md: Speculative decoding)", choices=SPECULATIVE_METHODS),
+        "speculative decoding: off, ngram (prompt lookup: a decoding sequence guesses the tokens that followed "
+        "its last n tokens earlier in it) or draft (a smaller model with the same tokenizer, draft_model, guesses "
+        "them); one step verifies the guesses beside the sequence's own token, and the output is the same token "
+        "for token (docs/CONFIG.md: Speculative decoding)", choices=SPECULATIVE_METHODS),
     "speculative.num_speculative_tokens": SettingDoc(
         "most tokens a sequence guesses per step; each sequence's own count adapts below it to how its guesses "
         "fare"),
     "speculative.ngram_max": SettingDoc("longest n-gram prompt lookup matches (longer first, down to 1)"),
+    "speculative.draft_model": SettingDoc("the draft method's model: a GGUF file or checkpoint directory with the "
+                                          "served model's tokenizer, run by the same backend with a KV pool of its "
+                                          "own", values="path", default="none"),
     "telemetry.trace_exporter": SettingDoc("where spans go; auto: OTLP/HTTP when a collector endpoint is set",
                                            choices=TRACE_EXPORTERS),
     "telemetry.otlp_endpoint": SettingDoc("the collector's base URL (also OTEL_EXPORTER_OTLP_ENDPOINT)",

@@ -19,6 +19,36 @@ TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *[chr(c) for c in range
 
 
 @dataclass(frozen=True)
+class Vocab:
+    """A GGUF tokenizer's fields."""
+
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    bos: int = 1
+    eos: int = 2
+
+    @classmethod
+    def of_file(cls, path: Path) -> Vocab:
+        """Another GGUF file's tokenizer (a draft model for it has the same tokens)."""
+        fields = gguf.GGUFReader(str(path)).fields
+
+        def strings(name: str) -> list[str]:
+            field = fields[name]
+            return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+
+        def number(name: str) -> int:
+            return int(fields[name].parts[-1][0])
+
+        types = [int(fields["tokenizer.ggml.token_type"].parts[i][0]) for i in fields["tokenizer.ggml.token_type"].data]
+        return cls(strings("tokenizer.ggml.tokens"), types, strings("tokenizer.ggml.merges"),
+                   number("tokenizer.ggml.bos_token_id"), number("tokenizer.ggml.eos_token_id"))
+
+
+TINY_VOCAB = Vocab(TOKENS, [3, 3, 3] + [1] * (len(TOKENS) - 3), ["a b", "Ġ a"])
+
+
+@dataclass(frozen=True)
 class TinyShape:
     layers: int = 2
     hidden: int = 64
@@ -41,15 +71,16 @@ GEMMA3_SHAPE = TinyShape(layers=7, heads=4, kv_heads=1, head_size=32, sliding_wi
 
 
 def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0,
-                     shape: TinyShape = TinyShape(), types: dict[str, Q] | None = None) -> Path:
+                     shape: TinyShape = TinyShape(), types: dict[str, Q] | None = None,
+                     vocab: Vocab = TINY_VOCAB) -> Path:
     """Random weights (matrices stored as `weight_type`, or as `types` names them by tensor name; norms near 1)
-    over a 32-token vocabulary."""
+    over `vocab` (a 32-token vocabulary unless given)."""
     types = types or {}
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
-    _metadata(writer, shape)
+    _metadata(writer, shape, vocab)
     hidden, ffn, kv, q = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
-    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(TOKENS), hidden)),
+    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(vocab.tokens), hidden)),
             types.get("token_embd.weight", weight_type))
     _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
     for i in range(shape.layers):
@@ -81,7 +112,7 @@ def _norms(arch: str, shape: TinyShape) -> list[tuple[str, int]]:
                if family.sandwich_norms else []))
 
 
-def _metadata(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
+def _metadata(writer: gguf.GGUFWriter, shape: TinyShape, vocab: Vocab) -> None:
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
@@ -96,14 +127,14 @@ def _metadata(writer: gguf.GGUFWriter, shape: TinyShape) -> None:
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(len(TOKENS))
+    writer.add_vocab_size(len(vocab.tokens))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(TOKENS)
-    writer.add_token_types([3, 3, 3] + [1] * (len(TOKENS) - 3))
-    writer.add_token_merges(["a b", "Ġ a"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.bos)
+    writer.add_eos_token_id(vocab.eos)
 
 
 def _tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:

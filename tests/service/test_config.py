@@ -126,7 +126,8 @@ def test_missing_config_file(tmp_path: Path) -> None:
     (("--max-num-seqs", "lots"), "argument --max-num-seqs: expected an integer, got 'lots'"),
     (("--num-blocks", "many"), "argument --num-blocks: expected an integer (or none), got 'many'"),
     (("--log-level", "loud"), "argument --log-level: expected one of debug, info, warning, error, got 'loud'"),
-    (("--speculative-method", "draft"), "argument --speculative-method: expected one of off, ngram, got 'draft'"),
+    (("--speculative-method", "medusa"),
+     "argument --speculative-method: expected one of off, ngram, draft, got 'medusa'"),
 ])
 def test_flag_values_are_checked_as_they_are_parsed(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
                                                     message: str) -> None:
@@ -149,12 +150,23 @@ def test_every_setting_is_explained() -> None:
 
 
 def test_every_choice_is_a_valid_value() -> None:
+    needs = {"draft": {"PAGEDSERVE_DRAFT_MODEL": "draft.gguf"}}  # a choice valid only with another setting
     for s in all_settings():
         for choice in doc_of(s).choices:
-            config = load_config(None, {s.env: choice})
+            config = load_config(None, {s.env: choice, **needs.get(choice, {})})
             assert getattr(getattr(config, s.section), s.key) == choice
 
 
 def test_config_doc_table_is_the_settings_table() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "CONFIG.md").read_text()
     assert settings_table() in doc, "docs/CONFIG.md's table is stale: python -m service.config.settings_table prints it"
+
+
+@pytest.mark.parametrize("env", [{"PAGEDSERVE_SPECULATIVE_METHOD": "draft"},
+                                 {"PAGEDSERVE_DRAFT_MODEL": "draft.gguf"},
+                                 {"PAGEDSERVE_SPECULATIVE_METHOD": "ngram", "PAGEDSERVE_DRAFT_MODEL": "draft.gguf"}])
+def test_a_draft_model_goes_with_the_draft_method_only(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="speculative_method draft takes its model from draft_model"):
+        load_config(None, env)
+    both = load_config(None, {"PAGEDSERVE_SPECULATIVE_METHOD": "draft", "PAGEDSERVE_DRAFT_MODEL": "d.gguf"})
+    assert both.speculative.draft_model == "d.gguf"

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
 from backends.config import BackendConfig
-from backends.model.loader import LoadedModel
+from backends.model.loader import LoadedModel, default_model_path
 from backends.numpy_backend.backend import NumpyBackend
 from bench.loadgen.measure import measure
 from bench.loadgen.spec import Bounds, LoadShape, RequestSpec, Target
@@ -22,6 +23,7 @@ from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
 from service.config.settings import AppConfig, ServiceConfig
+from tests.backends.tiny_gguf import TinyShape, Vocab, write_tiny_llama
 from tests.service.live import LiveServer, cached_builder
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -89,3 +91,26 @@ def test_the_bench_reports_the_runs_acceptance_rate(server: LiveServer) -> None:
     assert 0 < m.speculation.kept <= m.speculation.guessed < guessed  # the run's two requests, not the warm-up
     assert "guessed tokens kept (acceptance" in format_speculation(m.speculation)
 
+
+
+def test_a_draft_model_serves_the_same_answers(real_model_stored: LoadedModel, prompt: list[int],
+                                                unguessed: tuple[str, int, str | None], tmp_path: Path) -> None:
+    """`--speculative-method draft` over HTTP: a random-weight draft with SmolLM2's tokens guesses (mostly
+    wrongly), /metrics counts its guesses under method="draft", and the official client gets the same text."""
+    draft = write_tiny_llama(tmp_path / "draft.gguf", shape=TinyShape(context=8192),
+                             vocab=Vocab.of_file(default_model_path()))
+    config = AppConfig(service=ServiceConfig(port=0), backend=BackendConfig(name="numpy"),
+                       scheduler=SchedulerConfig(max_model_len=1024), kv=KVPoolConfig(num_blocks=128),
+                       speculative=SpeculativeConfig("draft", draft_model=str(draft)))
+    live = LiveServer.start(config, cached_builder(real_model_stored.files), timeout=120)
+    try:
+        client = OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        streamed = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                             stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed) == unguessed[0]
+        series = 'pagedserve:spec_decode_{}_total{{method="draft"}}'
+        metrics = live.metrics()
+        assert metrics[series.format("draft_tokens")] > 0
+        assert 0 <= metrics[series.format("accepted_tokens")] <= metrics[series.format("draft_tokens")]
+    finally:
+        live.close()
