@@ -48,10 +48,9 @@ class Forward:
 
     def _attention(self, index: int, layer: DeviceLayer, h: Any, step: DeviceStep, cache: DeviceKVCache) -> Any:
         qkv = self.proj.linear(h, layer.wqkv)
-        self.k.rope(step, qkv, self.shape, self.weights.cos_sin_cache)
         k_cache, v_cache = cache.keys(index), cache.values(index)
         # Every K/V of the step is in the cache before any query reads it: a chunk attends to its own keys.
-        self.k.reshape_and_cache(step, qkv, self.shape, k_cache, v_cache)
+        self.k.rope_and_cache(step, qkv, self.shape, self.weights.cos_sin_cache, k_cache, v_cache)
         out = self.k.attention(step, qkv, self.shape, k_cache, v_cache)
         return self.proj.linear(out.reshape(step.num_tokens, self.shape.q_size), layer.wo)
 

@@ -66,14 +66,17 @@ def _row_block(work: int) -> tuple[int, int, int]:
     return (warps * WARP_SIZE, 1, 1)
 
 
-def reshape_and_cache(dtype: str, num_tokens: int, num_kv_heads: int, head_dim: int) -> Launch:
-    """Args: key, value, k_cache, v_cache, slot_mapping (int64), num_kv_heads, head_dim, key_stride,
-    value_stride (elements between token rows of key / value)."""
-    per_vector = 4 if dtype == "float32" else 8  # elements per 16-byte move
-    if head_dim % per_vector:
+def rope_and_cache(dtype: str, num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                   rot_dim: int) -> Launch:
+    """Args: positions (int32), q, k, v, k_cache, v_cache, slot_mapping (int64), cos_sin_cache (float,
+    (max_position, rot_dim)), rot_dim, num_heads, num_kv_heads, head_dim, q_stride, kv_stride. q rotated in
+    place; K rotated into the cache, V copied."""
+    if rot_dim % 2 or rot_dim > head_dim:
+        raise ValueError(f"rot_dim {rot_dim} must be even and at most head_dim {head_dim}")
+    if head_dim % (4 if dtype == "float32" else 8):  # V moves in 16-byte vectors
         raise ValueError(f"head_dim {head_dim} is not a whole number of 16-byte vectors")
-    vectors = num_kv_heads * head_dim // per_vector
-    return Launch(f"reshape_and_cache_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(vectors), 0, "pppppiiii")
+    work = max(num_heads * (rot_dim // 2), num_kv_heads * head_dim)
+    return Launch(f"rope_and_cache_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(work), 0, "ppppppppiiiiii")
 
 
 def num_partitions(max_context_len: int, partition_size: int = DEFAULT_PARTITION_SIZE) -> int:
@@ -169,13 +172,6 @@ def fused_add_rms_norm(dtype: str, num_tokens: int, hidden: int) -> Launch:
     return Launch(f"fused_add_rms_norm_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(hidden), 0, "ppppfi")
 
 
-def rope(dtype: str, num_tokens: int, num_heads: int, num_kv_heads: int, rot_dim: int) -> Launch:
-    """Args: positions (int32), q, k, cos_sin_cache (float, (max_position, rot_dim)), rot_dim, num_heads,
-    num_kv_heads, head_dim, q_stride, k_stride. In place on q and k."""
-    pairs = (num_heads + num_kv_heads) * (rot_dim // 2)
-    return Launch(f"rope_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(pairs), 0, "ppppiiiiii")
-
-
 def silu_mul(dtype: str, num_tokens: int, d: int) -> Launch:
     """Args: out (tokens, d), input (tokens, 2 * d), d."""
     return Launch(f"silu_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
@@ -223,8 +219,8 @@ def all_kernel_names() -> tuple[str, ...]:
     """Every exported kernel symbol, for loading modules and for checking the sources export them all."""
     names: list[str] = []
     for dtype, short in DTYPE_SUFFIXES:
-        names += [f"{base}_{short}" for base in ("reshape_and_cache", "rms_norm", "fused_add_rms_norm")]
-        names += [f"rope_{short}", f"silu_mul_{short}", *_quant_names(short)]
+        names += [f"{base}_{short}" for base in ("rope_and_cache", "rms_norm", "fused_add_rms_norm", "silu_mul")]
+        names += _quant_names(short)
         for head_dim in HEAD_DIMS:
             names += [
                 _attention_name(base, dtype, head_dim)

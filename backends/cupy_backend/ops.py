@@ -58,20 +58,16 @@ class Kernels:
         self.launcher.launch(launch.silu_mul(self.dtype, tokens, width // 2), [out, gate_up, width // 2])
         return out
 
-    def rope(self, step: DeviceStep, qkv: Any, shape: ModelConfig, cos_sin_cache: Any) -> None:
-        """Rotates q and k inside the fused QKV rows, in place."""
+    def rope_and_cache(self, step: DeviceStep, qkv: Any, shape: ModelConfig, cos_sin_cache: Any, k_cache: Any,
+                       v_cache: Any) -> None:
+        """Rotates q inside the fused QKV rows in place, and writes each token's K (rotated) and V into its
+        cache slot."""
         rot_dim, width = int(cos_sin_cache.shape[1]), shape.qkv_width
-        spec = launch.rope(self.dtype, step.num_tokens, shape.num_heads, shape.num_kv_heads, rot_dim)
-        args = [step.positions, flat_from(qkv, 0), flat_from(qkv, shape.q_size), cos_sin_cache, rot_dim]
+        spec = launch.rope_and_cache(self.dtype, step.num_tokens, shape.num_heads, shape.num_kv_heads,
+                                     shape.head_dim, rot_dim)
+        rows = [flat_from(qkv, 0), flat_from(qkv, shape.q_size), flat_from(qkv, shape.q_size + shape.kv_size)]
+        args = [step.positions, *rows, k_cache, v_cache, step.slot_mapping, cos_sin_cache, rot_dim]
         self.launcher.launch(spec, [*args, shape.num_heads, shape.num_kv_heads, shape.head_dim, width, width])
-
-    def reshape_and_cache(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
-                          v_cache: Any) -> None:
-        width = shape.qkv_width
-        key, value = flat_from(qkv, shape.q_size), flat_from(qkv, shape.q_size + shape.kv_size)
-        spec = launch.reshape_and_cache(self.dtype, step.num_tokens, shape.num_kv_heads, shape.head_dim)
-        args = [key, value, k_cache, v_cache, step.slot_mapping, shape.num_kv_heads, shape.head_dim]
-        self.launcher.launch(spec, [*args, width, width])
 
     def attention(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any, v_cache: Any) -> Any:
         """(T, heads, head_dim) attention output of every query row, over the cache (already holding this

@@ -1,11 +1,11 @@
 """NumPy references for the CUDA kernels in `kernels/`: the specification each kernel is checked against.
 
-Plain float64 math on float arrays (callers widen float16 / bfloat16 storage first). Functions return new
-arrays; the in-place kernels (reshape_and_cache, rope, fused_add_rms_norm's residual) are described by what
-their outputs must equal. Shapes: K/V caches (num_blocks, block_size, num_kv_heads, head_dim); q (tokens,
-num_heads, head_dim); block_tables (seqs, max_blocks) int; context_lens (seqs,) counting this step's tokens.
-The dequantizing kernels' reference is gguf's own NumPy dequantization (QuantMatrix.dequantize) followed by
-`linear`.
+Plain float64 math on float arrays (callers widen float16 / bfloat16 storage first). Functions return new arrays; the
+in-place kernels (rope_and_cache: `rope` of q and of k, then `reshape_and_cache` of the rotated k and of v;
+fused_add_rms_norm's residual) are described by what their outputs must equal. Shapes: K/V caches (num_blocks,
+block_size, num_kv_heads, head_dim); q (tokens, num_heads, head_dim); block_tables (seqs, max_blocks) int;
+context_lens (seqs,) counting this step's tokens. The dequantizing kernels' reference is gguf's own NumPy
+dequantization (QuantMatrix.dequantize) followed by `linear`.
 """
 
 from __future__ import annotations

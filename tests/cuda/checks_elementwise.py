@@ -1,5 +1,5 @@
-"""Emulated per-token kernels against the NumPy reference: reshape_and_cache, RMSNorm (plain and fused with
-the residual add), RoPE and SiLU-multiply."""
+"""Emulated per-token kernels against the NumPy reference: RMSNorm (plain and fused with the residual add), RoPE
+fused with the KV cache write, and SiLU-multiply."""
 
 from __future__ import annotations
 
@@ -13,29 +13,6 @@ from tests.cuda.emu_lib import Arg, EmuLib
 EPS = 1e-5
 ROPE_THETA = 10000.0
 MAX_POSITION = 4096
-
-
-def check_reshape_and_cache(lib: EmuLib, dt: DType, tokens: int = 9, seed: int = 0) -> None:
-    """K/V rows taken from a fused QKV buffer (strided), written to shuffled slots; two padding slots."""
-    heads, kv_heads, head_dim, blocks, block_size = 4, 2, 64, 6, 16
-    rng = np.random.default_rng(seed)
-    qkv = make_qkv(rng, dt, tokens, heads, kv_heads, head_dim)
-    slots = rng.permutation(blocks * block_size)[:tokens].astype(np.int64)
-    slots[[1, tokens - 2]] = -1
-    shape = (blocks, block_size, kv_heads, head_dim)
-    k_cache, v_cache = (dt.encode(rng.standard_normal(shape)) for _ in range(2))
-    k_off, v_off = heads * head_dim, (heads + kv_heads) * head_dim
-    values = dt.decode(qkv)
-    key = values[:, k_off:v_off].reshape(tokens, kv_heads, head_dim)
-    value = values[:, v_off:].reshape(tokens, kv_heads, head_dim)
-    want_k, want_v = reference.reshape_and_cache(key, value, dt.decode(k_cache), dt.decode(v_cache), slots)
-    spec = launch.reshape_and_cache(dt.name, tokens, kv_heads, head_dim)
-    stride = qkv.shape[1]
-    args: list[Arg] = [flat_from(qkv, k_off), flat_from(qkv, v_off), k_cache, v_cache, slots, kv_heads, head_dim]
-    lib.launch(spec, [*args, stride, stride])
-    # A copy: exact.
-    assert_close(dt.decode(k_cache), want_k, 0.0, 0.0, f"{spec.name} k_cache")
-    assert_close(dt.decode(v_cache), want_v, 0.0, 0.0, f"{spec.name} v_cache")
 
 
 def check_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, hidden: int = 200, seed: int = 0) -> None:
@@ -65,25 +42,35 @@ def check_fused_add_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, hidden: in
     assert_close(dt.decode(out), want_out, dt.atol, dt.rtol, spec.name)
 
 
-def check_rope(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int = 7, seed: int = 0) -> None:
-    """In place on q and k, both strided views of one fused QKV buffer; v and the rest must not change."""
-    heads, kv_heads, head_dim = 6, 2, 64
+def check_rope_and_cache(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int = 9, seed: int = 0) -> None:
+    """q rotated in place inside a fused QKV buffer (strided views); each K row rotated into its cache slot and
+    V copied beside it, at shuffled slots with two padding ones; the QKV rows' K and V left as they were."""
+    heads, kv_heads, head_dim, blocks, block_size = 6, 2, 64, 6, 16
     rng = np.random.default_rng(seed)
     qkv = make_qkv(rng, dt, tokens, heads, kv_heads, head_dim)
     before = dt.decode(qkv)
     positions = rng.integers(0, MAX_POSITION, tokens).astype(np.int32)
     cache = reference.rope_cos_sin_cache(MAX_POSITION, rot_dim, ROPE_THETA)
-    k_off = heads * head_dim
+    slots = rng.permutation(blocks * block_size)[:tokens].astype(np.int64)
+    slots[[1, tokens - 2]] = -1
+    shape = (blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = (dt.encode(rng.standard_normal(shape)) for _ in range(2))
+    k_off, v_off = heads * head_dim, (heads + kv_heads) * head_dim
     expected = before.copy()
-    q, k = before[:, :k_off], before[:, k_off : k_off + kv_heads * head_dim]
-    expected[:, :k_off] = reference.rope(positions, q.reshape(tokens, heads, -1), cache).reshape(tokens, -1)
-    k_rot = reference.rope(positions, k.reshape(tokens, kv_heads, -1), cache).reshape(tokens, -1)
-    expected[:, k_off : k_off + kv_heads * head_dim] = k_rot
-    spec = launch.rope(dt.name, tokens, heads, kv_heads, rot_dim)
+    expected[:, :k_off] = reference.rope(positions, before[:, :k_off].reshape(tokens, heads, -1),
+                                         cache).reshape(tokens, -1)
+    k_rot = reference.rope(positions, before[:, k_off:v_off].reshape(tokens, kv_heads, -1), cache)
+    want_k, want_v = reference.reshape_and_cache(k_rot, before[:, v_off:].reshape(tokens, kv_heads, -1),
+                                                 dt.decode(k_cache), dt.decode(v_cache), slots)
+    spec = launch.rope_and_cache(dt.name, tokens, heads, kv_heads, head_dim, rot_dim)
     stride = qkv.shape[1]
-    args: list[Arg] = [positions, flat_from(qkv, 0), flat_from(qkv, k_off), cache, rot_dim, heads, kv_heads, head_dim]
+    args: list[Arg] = [positions, flat_from(qkv, 0), flat_from(qkv, k_off), flat_from(qkv, v_off), k_cache, v_cache,
+                       slots, cache, rot_dim, heads, kv_heads, head_dim]
     lib.launch(spec, [*args, stride, stride])
-    assert_close(dt.decode(qkv), expected, dt.atol, dt.rtol, f"{spec.name} rot_dim {rot_dim}")
+    name = f"{spec.name} rot_dim {rot_dim}"
+    assert_close(dt.decode(qkv), expected, dt.atol, dt.rtol, f"{name} q (and K, V untouched)")
+    assert_close(dt.decode(k_cache), want_k, dt.atol, dt.rtol, f"{name} k_cache")
+    assert_close(dt.decode(v_cache), want_v, 0.0, 0.0, f"{name} v_cache")  # a copy: exact
 
 
 def check_silu_mul(lib: EmuLib, dt: DType, tokens: int = 5, d: int = 200, seed: int = 0) -> None:

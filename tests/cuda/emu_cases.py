@@ -53,10 +53,9 @@ def _dtype_cases() -> dict[str, Case]:
     cases: dict[str, Case] = {}
     for dt in ALL:
         s = dt.name
-        cases[f"reshape_and_cache-{s}"] = partial(elem.check_reshape_and_cache, dt=dt)
+        cases[f"rope_and_cache-{s}"] = partial(elem.check_rope_and_cache, dt=dt)
         cases[f"rms_norm-{s}"] = partial(elem.check_rms_norm, dt=dt)
         cases[f"fused_add_rms_norm-{s}"] = partial(elem.check_fused_add_rms_norm, dt=dt)
-        cases[f"rope-{s}"] = partial(elem.check_rope, dt=dt)
         cases[f"silu_mul-{s}"] = partial(elem.check_silu_mul, dt=dt)
         for qtype in QUANT_TYPES:
             cases[f"quant-{qtype}-{s}"] = partial(quant.check_quant, dt=dt, qtype=qtype)
@@ -76,7 +75,7 @@ def _special_cases() -> dict[str, Case]:
         "probe-warp-intrinsics": probe.check_warp_intrinsics,
         "conversions-float16": partial(check_conversions, dt=FLOAT16),
         "conversions-bfloat16": partial(check_conversions, dt=BFLOAT16),
-        "rope-float16-partial": partial(elem.check_rope, dt=FLOAT16, rot_dim=32),
+        "rope_and_cache-float16-partial": partial(elem.check_rope_and_cache, dt=FLOAT16, rot_dim=32),
         # The production partition size over contexts of 2 and 3 partitions; a padding row (context 0).
         "decode-parts512-float32-gqa3": partial(
             att.check_decode_partitioned, dt=FLOAT32, s=GQA_3, context_lens=(1100, 0, 513, 37), partition_size=512
@@ -99,10 +98,9 @@ def _special_cases() -> dict[str, Case]:
 def _tsan_cases() -> dict[str, Case]:
     small = att.Shape(heads=6, kv_heads=2)
     return {
-        "tsan-reshape_and_cache": partial(elem.check_reshape_and_cache, dt=FLOAT16, tokens=4),
+        "tsan-rope_and_cache": partial(elem.check_rope_and_cache, dt=FLOAT16, tokens=4),
         "tsan-rms_norm": partial(elem.check_rms_norm, dt=FLOAT32, tokens=2, hidden=96),
         "tsan-fused_add_rms_norm": partial(elem.check_fused_add_rms_norm, dt=BFLOAT16, tokens=2, hidden=96),
-        "tsan-rope": partial(elem.check_rope, dt=FLOAT16, tokens=2),
         "tsan-silu_mul": partial(elem.check_silu_mul, dt=BFLOAT16, tokens=2, d=96),
         "tsan-quant_gemv": partial(quant.check_quant_gemv, dt=FLOAT16, qtype="q4_1", n=11, k=64),
         "tsan-quant_gemv-q5_k": partial(quant.check_quant_gemv, dt=BFLOAT16, qtype="q5_k", n=11, k=256),

@@ -10,8 +10,8 @@ from backends.cupy_backend import launch
 def test_names_are_unique_and_cover_every_dtype_and_head_dim() -> None:
     names = launch.all_kernel_names()
     quant = 3 * len(launch.QUANT_TYPES)  # GEMV, GEMV to float32 logits, dequantize
-    assert len(names) == len(set(names)) == 3 * (5 + 4 * len(launch.HEAD_DIMS) + quant)
-    assert "paged_attention_decode_bf16_d128" in names and "rope_f16" in names
+    assert len(names) == len(set(names)) == 3 * (4 + 4 * len(launch.HEAD_DIMS) + quant)
+    assert "paged_attention_decode_bf16_d128" in names and "rope_and_cache_f16" in names
     assert {"quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_f16", "dequantize_q4_0_f32"} <= set(names)
 
 

@@ -151,7 +151,7 @@ def verify_step(pair: Pair, seqs: list[SeqState]) -> None:
 
 def expected_kernels(dtype: str) -> set[str]:
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-    names = ["rms_norm", "fused_add_rms_norm", "rope", "reshape_and_cache", "silu_mul"]
+    names = ["rms_norm", "fused_add_rms_norm", "rope_and_cache", "silu_mul"]
     attention = ["paged_prefill_attention", "paged_attention_decode", "paged_attention_decode_partitioned",
                  "paged_attention_reduce"]
     return {f"{n}_{short}" for n in names} | {f"{n}_{short}_d64" for n in attention}
