@@ -6,6 +6,7 @@ pools (the draft's too) checked after every step; SmolLM2 drafting for itself ha
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
@@ -22,6 +23,7 @@ from scheduler.llm import LLM
 from scheduler.params import SamplingParams
 from scheduler.request import EngineRequest
 from scheduler.step_cost import StepCostModel
+from telemetry.interface import NullObserver
 from tests.backends.tiny_gguf import TinyShape, Vocab, write_tiny_llama
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4, 5, 6, 7, 8,",
@@ -43,11 +45,21 @@ def draft_of(model: LoadedModel, num_blocks: int) -> DraftModel:
     return DraftModel(backend, PagedKVCacheManager(num_blocks, 16, enable_prefix_caching=False))
 
 
-def make_llm(model: LoadedModel, num_blocks: int, draft: DraftModel | None = None) -> LLM:
+class Preemptions(NullObserver):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def request_preempted(self, request_id: str, now: float) -> None:
+        self.count += 1
+
+
+def make_llm(model: LoadedModel, num_blocks: int, draft: DraftModel | None = None,
+             observer: NullObserver | None = None) -> LLM:
     backend = NumpyBackend(model)
     backend.init_cache(num_blocks, 16)
     llm = LLM(SchedulerConfig(debug_checks=True), PagedKVCacheManager(num_blocks, 16), backend,
-              model.files.tokenizer, max_model_len=2048, speculative=DRAFT if draft else None, draft=draft)
+              model.files.tokenizer, max_model_len=2048, observer=observer, speculative=DRAFT if draft else None,
+              draft=draft)
     llm.core.scheduler.cost = StepCostModel(CostCoefficients())  # guesses cost nothing: every sequence guesses
     return llm
 
@@ -66,12 +78,22 @@ def prompts(real_model_stored: LoadedModel) -> list[list[int]]:
                                     SamplingParams(temperature=0.8, seed=7, max_tokens=24)], ids=["greedy", "seeded"])
 def test_a_random_draft_changes_no_token(real_model_stored: LoadedModel, tiny_draft: LoadedModel,
                                          prompts: list[list[int]], params: SamplingParams) -> None:
-    """24 blocks for 8 sequences of ~30 tokens: the served pool preempts, and the draft's pool of as many blocks
-    runs short too (a sequence it cannot hold guesses nothing)."""
-    plain = token_ids(make_llm(real_model_stored, 24), prompts, params)
-    draft = draft_of(tiny_draft, 24)
-    llm = make_llm(real_model_stored, 24, draft)
+    """12 blocks of 16 tokens for 8 sequences of ~30: the served pool preempts, and the draft's pool of as many
+    blocks runs short too (a sequence it cannot hold guesses nothing)."""
+    plain = token_ids(make_llm(real_model_stored, 12), prompts, params)
+    draft, preemptions = draft_of(tiny_draft, 12), Preemptions()
+    short: list[int] = []  # jobs the draft's pool could not give all their guesses
+    propose = draft.propose
+
+    def counting(jobs: Sequence[DraftJob]) -> dict[int, list[int]]:
+        guesses = propose(jobs)
+        short.extend(job.seq_id for job in jobs if len(guesses.get(job.seq_id, [])) < job.k)
+        return guesses
+
+    draft.propose = counting  # type: ignore[method-assign]
+    llm = make_llm(real_model_stored, 12, draft, preemptions)
     assert token_ids(llm, prompts, params) == plain
+    assert preemptions.count > 0 and short
     speculator = llm.core.scheduler.speculator
     assert speculator is not None and speculator.counters.proposed > 50
     draft.propose([])  # the ended sequences' blocks go back at the next proposal

@@ -9,13 +9,11 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.model.loader import default_model_path
 from backends.numpy_backend.native.cpu_tiers import ARM, CpuInfo
 from service.cli.commands import commands, main
 from service.config.setting_docs import doc_of
 from service.config.settings import all_settings
 from service.config.settings_table import default_text
-from tests.backends.tiny_gguf import TinyShape, Vocab, write_tiny_llama
 from tests.gemma3 import gemma3_path
 
 
@@ -112,17 +110,6 @@ def test_the_draft_method_without_a_draft_model_is_refused(capsys: pytest.Captur
     code, _, err = run(capsys, "generate", "--speculative-method", "draft", "--prompt", "x")
     assert code == 2
     assert_one_line_error(err, "speculative_method draft takes its model from draft_model")
-
-
-def test_generate_with_a_draft_model_prints_what_it_prints_without(capsys: pytest.CaptureFixture[str],
-                                                                   tmp_path: Path) -> None:
-    """A random-weight draft over SmolLM2's tokens: its guesses are mostly wrong, and the text is the same."""
-    draft = write_tiny_llama(tmp_path / "draft.gguf", shape=TinyShape(context=8192),
-                             vocab=Vocab.of_file(default_model_path()))
-    ask = ["generate", "--prompt", "The capital of France is", "--max-tokens", "16", "--max-model-len", "512"]
-    plain = run(capsys, *ask)
-    drafted = run(capsys, *ask, "--speculative-method", "draft", "--draft-model", str(draft))
-    assert plain[0] == drafted[0] == 0 and plain[1].strip() and drafted[1] == plain[1]
 
 
 def test_subcommands_are_registered_in_one_place() -> None:
