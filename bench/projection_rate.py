@@ -51,7 +51,8 @@ def median_call(project: NativeMatmul, x: np.ndarray, w: QuantMatrix, repeats: i
 
 # the float16 scales of a K-quant super-block: (byte offset, spread of the random values)
 K_HALVES = {GGMLQuantizationType.Q4_K: ((0, 0.01), (2, 0.01)), GGMLQuantizationType.Q5_K: ((0, 0.005), (2, 0.01)),
-            GGMLQuantizationType.Q6_K: ((208, 0.005),)}
+            GGMLQuantizationType.Q6_K: ((208, 0.005),), GGMLQuantizationType.Q2_K: ((80, 0.02), (82, 0.01)),
+            GGMLQuantizationType.Q3_K: ((108, 0.01),)}
 
 
 def random_matrix(qtype: GGMLQuantizationType, rows: int, cols: int) -> QuantMatrix:

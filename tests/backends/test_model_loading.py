@@ -143,7 +143,7 @@ def test_q4_0_and_q5_0_become_q8_0_with_every_value_unchanged(qtype: Q) -> None:
     np.testing.assert_array_equal(widened.dequantize(), stored.dequantize())  # gguf's values, bit for bit
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q6_K, Q.F16])
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q6_K, Q.F16])
 def test_types_that_q8_0_cannot_spell_are_not_widened(qtype: Q) -> None:
     block, block_bytes = GGML_QUANT_SIZES[qtype]
     assert as_q8_0(QuantMatrix(qtype, (2, 256), np.zeros((2, 256 // block * block_bytes), np.uint8))) is None

@@ -148,7 +148,7 @@ def host_small_steps() -> None:
     """For the tests through the backend, which runs the host's own tier: a skip where it has no 8-bit path."""
     if HOST.choose().name not in SMALL_STEPS:
         hardware_absent("no AVX2 or NEON dot products on this machine")
-SMALL_TYPES = tuple(sorted(SMALL_STEP_TYPES))  # Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+SMALL_TYPES = tuple(sorted(SMALL_STEP_TYPES))  # Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 SMALL_SHAPES = [(t, inner, outputs) for t in SMALL_TYPES
                 for inner, outputs in (((256, 3), (512, 13), (768, 960), (1536, 577)) if t in K_QUANTS
                                        else ((32, 3), (64, 13), (576, 960), (1536, 577)))]
@@ -189,9 +189,10 @@ def test_the_small_steps_integers_are_ggufs_weights(qtype: Q) -> None:
     bit); every integer the format holds occurs."""
     w = stored(qtype, 13, small_width(qtype, 576))
     q, d, offset = small_step_parts(w)
-    low, high = {Q.Q5_0: (0, 31), Q.Q5_1: (0, 31), Q.Q5_K: (0, 31), Q.Q6_K: (-32, 31)}.get(qtype, (0, 15))
+    low, high = {Q.Q5_0: (0, 31), Q.Q5_1: (0, 31), Q.Q5_K: (0, 31), Q.Q6_K: (-32, 31), Q.Q2_K: (0, 3),
+                 Q.Q3_K: (-4, 3)}.get(qtype, (0, 15))
     assert q.min() == low and q.max() == high
-    weights = (np.repeat(d, 16, axis=2) * q + offset[..., None]).astype(np.float32).reshape(w.shape)
+    weights = (np.repeat(d, 16, axis=2) * q + np.repeat(offset, 16, axis=2)).astype(np.float32).reshape(w.shape)
     np.testing.assert_array_equal(weights, w.dequantize())
 
 

@@ -24,12 +24,13 @@ from tests.backends.bounds import assert_within, dot_bound
 from tests.backends.tiers import WIDE_SUMS
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
-K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+K_QUANTS = (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, *K_QUANTS)
 FLOATS = (Q.F16, Q.BF16)
 QBLOCK, QK_K = 32, 256  # weights per block of the quantized types, per K-quant super-block
 # the float16 scales of each type's blocks: (byte offset, spread of the random values' magnitudes)
-HALF_SCALES = {Q.Q4_K: ((0, 0.01), (2, 0.01)), Q.Q5_K: ((0, 0.005), (2, 0.01)), Q.Q6_K: ((208, 0.005),)}
+HALF_SCALES = {Q.Q2_K: ((80, 0.02), (82, 0.01)), Q.Q3_K: ((108, 0.01),), Q.Q4_K: ((0, 0.01), (2, 0.01)),
+               Q.Q5_K: ((0, 0.005), (2, 0.01)), Q.Q6_K: ((208, 0.005),)}
 
 
 @pytest.fixture(scope="module")
@@ -124,14 +125,15 @@ def test_every_16_bit_pattern_converts_exactly(matmul: NativeMatmul, qtype: Q) -
 
 
 # where each type's block holds its float16 d, and its other float16s (Q4_1 / Q5_1's m, the K-quants' dmin)
-D_AT = {Q.Q4_0: 0, Q.Q4_1: 0, Q.Q8_0: 0, Q.Q5_0: 0, Q.Q5_1: 0, Q.Q4_K: 0, Q.Q5_K: 0, Q.Q6_K: 208}
-OTHER_HALVES = {Q.Q4_1: (2,), Q.Q5_1: (2,), Q.Q4_K: (2,), Q.Q5_K: (2,)}
+D_AT = {Q.Q4_0: 0, Q.Q4_1: 0, Q.Q8_0: 0, Q.Q5_0: 0, Q.Q5_1: 0, Q.Q2_K: 80, Q.Q3_K: 108, Q.Q4_K: 0, Q.Q5_K: 0,
+        Q.Q6_K: 208}
+OTHER_HALVES = {Q.Q4_1: (2,), Q.Q5_1: (2,), Q.Q2_K: (82,), Q.Q4_K: (2,), Q.Q5_K: (2,)}
 
 
 def every_half_scale(qtype: Q, seed: int = 0) -> QuantMatrix:
     """One block (K-quants: super-block) per row, its d every finite float16 (subnormals and both zeros among
     them), its other float16s (m, dmin) each finite value too in another order, the rest random bytes (so
-    every integer, 6-bit scale and min, and Q6_K's 8-bit scales, occur with many d)."""
+    every integer, scale and min: Q2_K's 4-bit, Q3_K's and Q4_K's 6-bit, Q6_K's 8-bit, occur with many d)."""
     bits = np.arange(1 << 16, dtype=np.uint16)
     scales = bits[np.isfinite(bits.view(np.float16))]
     rng = np.random.default_rng(seed)
@@ -148,7 +150,7 @@ def test_every_half_scale_dequantizes_as_gguf(matmul: NativeMatmul, qtype: Q) ->
     """d * q + m (or d * (q - 8), d * q; the K-quants' (d * sc) * q - dmin * mn) computed as one FMA on some
     tiers: the same value as gguf's two roundings only because the product is exact in float32 (a float16 d has
     11 significant bits, q at most 8, d * sc at most 17 and q then 5), which this checks for every d the format
-    can hold. Q6_K's (d * scale) * q, which may round, must be gguf's one product."""
+    can hold. Q6_K's (d * scale) * q, which may round, must be gguf's one product; Q3_K's, exact, its value."""
     w = every_half_scale(qtype)
     np.testing.assert_array_equal(matmul.dense(w), w.dequantize())
 
@@ -178,8 +180,9 @@ def test_larger_steps_use_blas_on_a_transient_float32_copy(matmul: NativeMatmul)
 
 
 def no_kernel_matrix() -> QuantMatrix:
-    """A Q2_K matrix (no kernel reads the type), its bytes zeros."""
-    return QuantMatrix(Q.Q2_K, (8, QK_K), np.zeros((8, GGML_QUANT_SIZES[Q.Q2_K][1]), np.uint8))
+    """An MXFP4 matrix (no kernel reads the type), its bytes zeros."""
+    block, block_bytes = GGML_QUANT_SIZES[Q.MXFP4]
+    return QuantMatrix(Q.MXFP4, (8, QK_K), np.zeros((8, QK_K // block * block_bytes), np.uint8))
 
 
 def test_a_type_without_kernels_is_not_readable() -> None:
@@ -198,7 +201,7 @@ def call_status(matmul: NativeMatmul, qtype: Q, inner: int) -> int:
 
 
 def test_the_kernel_refuses_what_it_cannot_read(matmul: NativeMatmul) -> None:
-    assert call_status(matmul, Q.Q2_K, QK_K) == -2
+    assert call_status(matmul, Q.MXFP4, QK_K) == -2
 
 
 @pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)

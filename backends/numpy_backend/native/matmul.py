@@ -34,7 +34,7 @@ class NativeMatmul:
     stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows (not on the
     EIGHT_LANES_ONLY types: Q5_0, Q5_1, the K-quants); on every tier but generic, steps of 1-3 rows on the
-    SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) with 8-bit x (q8_dots.h, q8_k.h). Other steps
+    SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, the K-quants) with 8-bit x (q8_dots.h, q8_k.h, q8_k23.h). Other steps
     are exact."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
@@ -140,15 +140,18 @@ def q8_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 Q = GGMLQuantizationType
 WITH_MIN = (Q.Q4_1, Q.Q5_1)  # blocks that store m after d
 FIVE_BITS = (Q.Q5_0, Q.Q5_1)  # blocks with 4 bytes of fifth bits, qh
-Parts = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scales per half block, offsets
+Parts = tuple[np.ndarray, np.ndarray, np.ndarray]  # integers, scales per half block, offsets per half block
 
 
 def small_step_parts(w: QuantMatrix) -> Parts:
     """The integers q (n, k / 32, 32) of a matrix of a type the small steps read, each half block's scale
-    (n, k / 32, 2) and each block's offset (n, k / 32) such that each weight is scale * q + offset, from gguf's
-    block layouts (quant_k.h's header): Q4_0 / Q4_1 4 bits, Q5_0 / Q5_1 5 (qh's bit j above weight j's nibble),
-    offset -8 d, -16 d, or m; Q4_K / Q5_K 4 or 5 bits, scale d * sc and offset -dmin * mn of each sub-block; Q6_K
-    q - 32 (signed), scale d * scale of each 16 weights, offset 0."""
+    (n, k / 32, 2) and offset (n, k / 32, 2) such that each weight is scale * q + offset, from gguf's block
+    layouts (quant_k.h's header): Q4_0 / Q4_1 4 bits, Q5_0 / Q5_1 5 (qh's bit j above weight j's nibble), offset
+    -8 d, -16 d, or m; Q4_K / Q5_K 4 or 5 bits, scale d * sc and offset -dmin * mn of each sub-block; Q6_K q - 32
+    (signed), scale d * scale of each 16 weights, offset 0; Q2_K 2 bits, scale d * sc and offset -dmin * mn of
+    each 16 weights; Q3_K q - 4 (3 bits, signed), scale d * scale of each 16 weights, offset 0."""
+    if w.qtype in (Q.Q2_K, Q.Q3_K):
+        return k23_parts(w)
     if w.qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
         return k_quant_parts(w)
     n, blocks = w.shape[0], w.shape[1] // 32
@@ -163,7 +166,7 @@ def small_step_parts(w: QuantMatrix) -> Parts:
         high = np.zeros((n, blocks, 32), np.int64)
     q = np.concatenate([raw[..., start:] & 0x0F, raw[..., start:] >> 4], axis=2).astype(np.int64) | high << 4
     offset = half(raw, 2) if w.qtype in WITH_MIN else (-16.0 if w.qtype in FIVE_BITS else -8.0) * d
-    return q, np.repeat(d[..., None], 2, axis=2), offset
+    return q, per_half(d), per_half(offset)
 
 
 def half(raw: np.ndarray, at: int) -> np.ndarray:
@@ -183,7 +186,7 @@ def k_quant_parts(w: QuantMatrix) -> Parts:
         q = (low | (qh >> (2 * (s % 4))[:, None] & 3) << 4) - 32
         scales = np.where(raw[..., 192:208] > 127, raw[..., 192:208] - 256, raw[..., 192:208])
         d = half(w.data.reshape(n, supers, -1), 208)[..., None] * scales
-        return q.reshape(n, -1, 32), d.reshape(n, -1, 2), np.zeros((n, supers * 8))
+        return q.reshape(n, -1, 32), d.reshape(n, -1, 2), np.zeros((n, supers * 8, 2))
     packed = raw[..., 4:16]
     low6 = packed[..., :4] & 63, packed[..., 4:8] & 63
     high = (packed[..., 8:] & 0x0F | (packed[..., :4] >> 6) << 4, packed[..., 8:] >> 4 | (packed[..., 4:8] >> 6) << 4)
@@ -194,20 +197,48 @@ def k_quant_parts(w: QuantMatrix) -> Parts:
         q |= (raw[..., None, 16:48] >> s[:, None] & 1) << 4
     stored = w.data.reshape(n, supers, -1)
     d, offset = half(stored, 0)[..., None] * sc, -half(stored, 2)[..., None] * mn
-    return q.reshape(n, -1, 32), np.repeat(d.reshape(n, -1, 1), 2, axis=2), offset.reshape(n, -1)
+    return q.reshape(n, -1, 32), per_half(d.reshape(n, -1)), per_half(offset.reshape(n, -1))
+
+
+def per_half(per_block: np.ndarray) -> np.ndarray:
+    """A value per block (n, blocks) as the same value for both its halves (n, blocks, 2)."""
+    return np.repeat(per_block[..., None], 2, axis=2)
+
+
+def k23_parts(w: QuantMatrix) -> Parts:
+    """small_step_parts of a Q2_K / Q3_K matrix: sub-block s of a super-block takes bits 2 (s % 4) of the 32
+    bytes of its half s / 4 of qs (Q3_K: and bit s of hmask's 32 bytes above them); 16 scales a super-block."""
+    n, supers = w.shape[0], w.shape[1] // 256
+    raw = w.data.reshape(n, supers, -1).astype(np.int64)
+    stored = w.data.reshape(n, supers, -1)
+    s = np.arange(8)[:, None]
+    low_at = 16 if w.qtype == Q.Q2_K else 32
+    q = raw[..., low_at + 32 * (s // 4) + np.arange(32)] >> 2 * (s % 4) & 3  # (n, supers, 8, 32)
+    if w.qtype == Q.Q2_K:
+        scales = raw[..., :16]
+        d, offset = half(stored, 80)[..., None] * (scales & 15), -half(stored, 82)[..., None] * (scales >> 4)
+        return q.reshape(n, -1, 32), d.reshape(n, -1, 2), offset.reshape(n, -1, 2)
+    q = (q | (raw[..., None, :32] >> s & 1) << 2) - 4
+    g = np.arange(16)
+    packed = raw[..., 96:108]
+    scales = (packed[..., g % 8] >> 4 * (g // 8) & 15 | (packed[..., 8 + g % 4] >> 2 * (g // 4) & 3) << 4) - 32
+    d = half(stored, 108)[..., None] * scales
+    return q.reshape(n, -1, 32), d.reshape(n, -1, 2), np.zeros((n, supers * 8, 2))
 
 
 def q8_terms(x: np.ndarray, w: QuantMatrix) -> tuple[np.ndarray, np.ndarray]:
     """Each block's two terms of the small-step product, in float64 (m, n, k / 32): the scales times dx times
-    each half block's integer dot product (exact), summed over the halves, and offset * dx * sum(qx); x rounded
-    as q8_rows rounds it."""
+    each half block's integer dot product (exact), summed over the halves, and the offsets times dx times each
+    half's sum(qx), summed likewise; x rounded as q8_rows rounds it."""
     qx, dx = q8_rows(x)
     qw, dw, offset = small_step_parts(w)
     m, n, blocks = x.shape[0], w.shape[0], w.shape[1] // 32
-    dots = np.einsum("mbhk,nbhk->mnbh", qx.reshape(m, blocks, 2, 16), qw.reshape(n, blocks, 2, 16))
+    halves = qx.reshape(m, blocks, 2, 16)
+    dots = np.einsum("mbhk,nbhk->mnbh", halves, qw.reshape(n, blocks, 2, 16))
     dx64 = dx.astype(np.float64)
     scaled = (dots.astype(np.float64) * dw[None]).sum(axis=3) * dx64[:, None]
-    return scaled, offset[None] * (dx64 * qx.sum(axis=2))[:, None]
+    sums = dx64[..., None] * halves.sum(axis=3)  # (m, blocks, 2)
+    return scaled, (offset[None] * sums[:, None]).sum(axis=3)
 
 
 def q8_reference(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
@@ -220,7 +251,8 @@ def q8_reference(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 def q8_bound(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     """Worst-case float32 error of q8_dots.h against q8_reference (first order in float32's unit roundoff U):
     the dots convert exactly (|dot| <= 32 * 32 * 127 < 2^24) and dx * sum(qx) and scale * dx round once (U of
-    each term), each FMA into its chain (one a block, Q6_K's two) rounds once (U of the chain so far, at most
+    each term; Q2_K's and Q3_K's scales multiply the dots in integers), each FMA into its chain (one a block,
+    Q6_K's two) rounds once (U of the chain so far, at most
     the sum of the terms' sizes), and the two chains' sum once: (FMAs + 2) U times the sum of |terms|, with 2 U
     to spare."""
     scaled, offsets = q8_terms(x, w)

@@ -1,5 +1,5 @@
 /* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x and Q4_0, Q4_1, Q5_0 or Q5_1
- * weights (the K-quants: q8_k.h), multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is
+ * weights (the K-quants: q8_k.h, q8_k23.h), multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is
  * rounded, per block of 32, to 8-bit integers qx with one scale dx = max |x| / 127; each block's 32 products of
  * the stored 4-bit (Q5: 5-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
  * pmaddubsw + pmaddwd, or the Arm dot product extension's sdot), then scaled in float:
@@ -41,7 +41,7 @@
 #if Q8_DOTS
 static inline int q8_reads(int32_t type) {
     return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 ||
-           is_k_quant(type);
+           is_k_quant(type) || is_k23(type);
 }
 
 /* x rounded: m rows of k (k % 32 == 0) in one buffer of q8_x_bytes(m, k), laid out as below. */
@@ -359,7 +359,8 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
 }
 #endif
 
-#include "q8_k.h" /* the K-quants' groups */
+#include "q8_k.h"   /* the K-quants' groups */
+#include "q8_k23.h" /* Q2_K's and Q3_K's */
 
 /* Every row of x rounded into r. */
 static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
@@ -370,6 +371,10 @@ static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
 /* One group for every row of x (1..3), the count and the type constants. */
 static void q8_group_of(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t first,
                         int add) {
+    if (is_k23(w->type)) {
+        q8_group_k23(x, w, y, m, k, n, first, add);
+        return;
+    }
 #define Q8_GROUP_ROWS(F, T)                                                                                         \
     switch (m) {                                                                                                    \
     case 3: F(x, w, y, k, n, first, add, 3, T); break;                                                              \

@@ -1,7 +1,7 @@
 /* Weight matrices as a GGUF file stores them, read by the projections without a float32 copy.
  *
- * A matrix is rows of bytes: blocks of 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1), super-blocks of 256 (Q4_K,
- * Q5_K, Q6_K: quant_k.h, read 32 weights at a time), plain 16-bit floats (F16, BF16), or float32. Each value is
+ * A matrix is rows of bytes: blocks of 32 weights (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1), super-blocks of 256 (Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K: quant_k.h, read 32 weights at a time), plain 16-bit floats (F16, BF16), or float32. Each value is
  * dequantized in registers exactly as the `gguf` package's NumPy code computes it (here d * q, then + m, each
  * rounded to float32; d * q is exact for these types, so one FMA gives the same value; quant_k.h's types
  * likewise), so the projections of quant_matmul.h give the same floats from the stored matrix as matmul.h gives
@@ -19,7 +19,7 @@
 /* ggml's type ids, as the file stores them */
 enum {
     WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q5_0 = 6, WEIGHTS_Q5_1 = 7,
-    WEIGHTS_Q8_0 = 8, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30
+    WEIGHTS_Q8_0 = 8, WEIGHTS_Q2_K = 10, WEIGHTS_Q3_K = 11, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30
 };
 #define QBLOCK 32 /* weights per block of the quantized types */
 
@@ -252,6 +252,8 @@ static inline __attribute__((always_inline)) void deq_block(const uint8_t *row, 
     case WEIGHTS_Q4_K: deq_q4_k(row, b, ks, out); break;
     case WEIGHTS_Q5_K: deq_q5_k(row, b, ks, out); break;
     case WEIGHTS_Q6_K: deq_q6_k(row, b, ks, out); break;
+    case WEIGHTS_Q2_K: deq_q2_k(row, b, out); break;
+    case WEIGHTS_Q3_K: deq_q3_k(row, b, out); break;
     default:
         for (int u = 0; u < 4; u++) out[u] = deq8_float(row, type, 4 * b + u);
     }
@@ -327,7 +329,8 @@ static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t
 
 /* CALL(T) for the runtime `type` given as the constant T: one copy of an always_inline loop per type, each with
  * its dequantization resolved at compile time (a switch per block kept the loops from unrolling and their
- * accumulators out of registers: 6x slower). */
+ * accumulators out of registers: 6x slower). Not Q2_K / Q3_K (is_k23): each caller sends those to its own
+ * out-of-line copies first (DISPATCH_K23), so that adding them left the code of these loops as it was. */
 #define DISPATCH_TYPE(type, CALL)                                                                                   \
     switch (type) {                                                                                                 \
     case WEIGHTS_Q4_0: CALL(WEIGHTS_Q4_0); break;                                                                   \
@@ -343,7 +346,26 @@ static inline __attribute__((always_inline)) void dequantize_row_t(const uint8_t
     default: CALL(WEIGHTS_F32); break;                                                                              \
     }
 
+/* DISPATCH_TYPE for Q2_K and Q3_K (`type` one of them), for the out-of-line functions that instantiate them. */
+#define DISPATCH_K23(type, CALL)                                                                                    \
+    if ((type) == WEIGHTS_Q2_K) {                                                                                   \
+        CALL(WEIGHTS_Q2_K);                                                                                         \
+    } else {                                                                                                        \
+        CALL(WEIGHTS_Q3_K);                                                                                         \
+    }
+
+/* dequantize_row for Q2_K / Q3_K, out of line. */
+__attribute__((noinline)) static void dequantize_row_k23(const uint8_t *row, int32_t type, int64_t k, float *out) {
+#define DEQUANTIZE_ROW(T) dequantize_row_t(row, k, out, T)
+    DISPATCH_K23(type, DEQUANTIZE_ROW)
+#undef DEQUANTIZE_ROW
+}
+
 static inline void dequantize_row(const uint8_t *row, int32_t type, int64_t k, float *out) {
+    if (is_k23(type)) {
+        dequantize_row_k23(row, type, k, out);
+        return;
+    }
 #define DEQUANTIZE_ROW(T) dequantize_row_t(row, k, out, T)
     DISPATCH_TYPE(type, DEQUANTIZE_ROW)
 #undef DEQUANTIZE_ROW
@@ -353,7 +375,7 @@ static inline void dequantize_row(const uint8_t *row, int32_t type, int64_t k, f
 static inline int weights_supported(int32_t type, int64_t k) {
     switch (type) {
     case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: case WEIGHTS_Q5_0: case WEIGHTS_Q5_1: return k % QBLOCK == 0;
-    case WEIGHTS_Q4_K: case WEIGHTS_Q5_K: case WEIGHTS_Q6_K: return k % QK_K == 0;
+    case WEIGHTS_Q2_K: case WEIGHTS_Q3_K: case WEIGHTS_Q4_K: case WEIGHTS_Q5_K: case WEIGHTS_Q6_K: return k % QK_K == 0;
     case WEIGHTS_F32: case WEIGHTS_F16: case WEIGHTS_BF16: return k % LANES == 0;
     default: return 0;
     }

@@ -1,4 +1,4 @@
-/* Q5_0, Q5_1 and the K-quants Q4_K, Q5_K and Q6_K as stored: one block of 32 weights dequantized in registers
+/* Q5_0, Q5_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K as stored: one block of 32 weights dequantized in registers
  * for quant.h's deq_block (included by quant.h, after deq16), with the arithmetic of the `gguf` package's
  * NumPy `quants.dequantize`, the reference (tests/backends/test_native_quant.py).
  *
@@ -11,6 +11,11 @@
  *        (d * sc) * q - (dmin * mn).
  *   Q5_K (176): d, dmin, scales, qh (32: bit s of byte i is weight i of sub-block s's fifth bit), qs as Q4_K.
  *   Q6_K (210): ql (128), qh (64), 16 int8 scales (one per 16 weights), d: (d * scale) * (q - 32), q 6 bits.
+ *   Q2_K (84): 16 bytes of scales (one per 16 weights: sc the low nibble, mn the high one), qs (64: weights
+ *        32 j + i of each half h (128 weights) are bits 2 j, 2 j + 1 of byte 32 h + i), d, dmin:
+ *        (d * sc) * q - (dmin * mn), q 2 bits.
+ *   Q3_K (110): hmask (32: bit s of byte i above weight 32 s + i), qs (64, as Q2_K's), 12 bytes of 6-bit
+ *        scales (q3_k_scale), d: (d * scale) * q, q = low bits | hmask bit << 2, minus 4 (-4 .. 3).
  * So a block of 32 is a sub-block of its super-block b / 8, and K-quant rows are whole super-blocks.
  *
  * Exactness, for the FMAs below: a float16 d has 11 significant bits, so d * sc and dmin * mn (6-bit integers)
@@ -30,14 +35,21 @@
 
 #define QK_K 256 /* weights per K-quant super-block: 8 blocks of QBLOCK */
 enum { Q5_0_BYTES = 22, Q5_1_BYTES = 24, Q4_K_BYTES = 144, Q5_K_BYTES = 176, Q6_K_BYTES = 210 };
+enum { Q2_K_BYTES = 84, Q3_K_BYTES = 110 };
 
+/* The K-quants whose scales a super-block's KScales holds. */
 static inline int is_k_quant(int32_t type) {
     return type == WEIGHTS_Q4_K || type == WEIGHTS_Q5_K || type == WEIGHTS_Q6_K;
 }
 
+/* Q2_K and Q3_K: their blocks read their own two scales (nothing in KScales, which the other K-quants' tiles
+ * keep for every row: 16 more floats a row would grow those tiles' frames), and their loops are instantiated
+ * out of line (quant_matmul.h's tile_k23), away from the other types' dispatch. */
+static inline int is_k23(int32_t type) { return type == WEIGHTS_Q2_K || type == WEIGHTS_Q3_K; }
+
 /* The types this header reads: only through the 8-lane kernels (and the fast precision's 8-bit small steps). */
 static inline int eight_lanes_only(int32_t type) {
-    return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 || is_k_quant(type);
+    return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 || is_k_quant(type) || is_k23(type);
 }
 
 /* A K-quant super-block's scales, decoded once for its 8 blocks (per block they cost as much as the weights'
@@ -96,7 +108,7 @@ static inline __attribute__((always_inline)) void k_scales_at(const uint8_t *row
 
 /* Blocks a loop takes together, unrolled: a K-quant's super-block, so that each block's sub-block (b & 7: its
  * nibble, bit and shifts) is a constant. */
-static inline int64_t block_step(int32_t type) { return is_k_quant(type) ? 8 : 1; }
+static inline int64_t block_step(int32_t type) { return is_k_quant(type) || is_k23(type) ? 8 : 1; }
 
 /* A block as integers and their scales, for deq16 (the tiers without AVX2): weights 0-15 are q[0] with d[0] and
  * m[0], 16-31 q[1] with d[1], m[1]; d * q + m rounded twice (DEQ_MIN), or d * q with q as int8 (DEQ_SIGNED). */
@@ -106,7 +118,7 @@ typedef struct {
 } QBlock;
 
 static inline int qblock_kind(int32_t type) {
-    return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q6_K ? DEQ_SIGNED : DEQ_MIN;
+    return type == WEIGHTS_Q5_0 || type == WEIGHTS_Q6_K || type == WEIGHTS_Q3_K ? DEQ_SIGNED : DEQ_MIN;
 }
 
 /* 0x10 in lane i of the first (second) vector where bit i (i + 16) of qh is set: Q5's fifth bits, in place. */
@@ -177,6 +189,47 @@ static inline __attribute__((always_inline)) QBlock q6_k_block(const uint8_t *ro
     return k;
 }
 
+/* Q3_K's scale of weights 16 g .. 16 g + 15 from its 12 packed bytes p (gguf's unpacking): the low 4 bits are
+ * byte g % 8's low (g < 8) or high nibble, the top 2 bits bits 2 (g / 4), 2 (g / 4) + 1 of byte 8 + g % 4; the
+ * 6 bits less 32. */
+static inline int q3_k_scale(const uint8_t *p, int g) {
+    return ((p[g % 8] >> (4 * (g / 8)) & 15) | (p[8 + g % 4] >> (2 * (g / 4)) & 3) << 4) - 32;
+}
+
+/* Where block b's 2-bit integers lie in a Q2_K / Q3_K row: sub-block s = b % 8 takes bits 2 (s % 4) of the
+ * 32 bytes of qs for its half of the super-block, s / 4. */
+static inline const uint8_t *k23_low_bits(const uint8_t *super, int s, int32_t type) {
+    return super + (type == WEIGHTS_Q2_K ? 16 : 32) + 32 * (s / 4);
+}
+
+/* Q2_K: m = -(dmin * mn), so d * q + m is gguf's (d * sc) * q - dmin * mn, as k_block's. */
+static inline __attribute__((always_inline)) QBlock q2_k_block(const uint8_t *row, int64_t b) {
+    const uint8_t *super = row + (b >> 3) * Q2_K_BYTES, *qs = k23_low_bits(super, (int)(b & 7), WEIGHTS_Q2_K);
+    const int s = (int)(b & 7);
+    const float d = half_to_float(load_u16(super + 80)), dmin = half_to_float(load_u16(super + 82));
+    QBlock k;
+    for (int h = 0; h < 2; h++) {
+        const uint8_t sc = super[2 * s + h];
+        k.q[h] = two_bits(*(const u8x16 *)(qs + 16 * h), s % 4);
+        k.d[h] = d * (float)(sc & 15), k.m[h] = -(dmin * (float)(sc >> 4));
+    }
+    return k;
+}
+
+/* Q3_K: q - 4 read as int8, the mask's bit s over the two low bits. */
+static inline __attribute__((always_inline)) QBlock q3_k_block(const uint8_t *row, int64_t b) {
+    const uint8_t *super = row + (b >> 3) * Q3_K_BYTES, *qs = k23_low_bits(super, (int)(b & 7), WEIGHTS_Q3_K);
+    const int s = (int)(b & 7);
+    const float d = half_to_float(load_u16(super + 108));
+    QBlock k;
+    for (int h = 0; h < 2; h++) {
+        const u8x16 high = (*(const u8x16 *)(super + 16 * h) >> s & 1) << 2;
+        k.q[h] = (two_bits(*(const u8x16 *)(qs + 16 * h), s % 4) | high) - 4;
+        k.d[h] = d * (float)q3_k_scale(super + 96, 2 * s + h), k.m[h] = 0.0f;
+    }
+    return k;
+}
+
 /* `type` one of this header's, a constant once inlined; ks: the K-quants' super-block scales (k_scales_at). */
 static inline __attribute__((always_inline)) QBlock qblock_of(const uint8_t *row, int32_t type, int64_t b,
                                                               const KScales *ks) {
@@ -185,6 +238,8 @@ static inline __attribute__((always_inline)) QBlock qblock_of(const uint8_t *row
     case WEIGHTS_Q5_1: return q5_block(row, b, 1);
     case WEIGHTS_Q4_K: return k_block(row, b, ks, 0);
     case WEIGHTS_Q5_K: return k_block(row, b, ks, 1);
+    case WEIGHTS_Q2_K: return q2_k_block(row, b);
+    case WEIGHTS_Q3_K: return q3_k_block(row, b);
     default: return q6_k_block(row, b, ks);
     }
 }
@@ -301,6 +356,41 @@ static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, i
     const __m256 d[2] = {_mm256_broadcast_ss(ks->d + 2 * s), _mm256_broadcast_ss(ks->d + 2 * s + 1)};
     for (int u = 0; u < 4; u++) out[u] = (vec8)_mm256_mul_ps(d[u / 2], _mm256_cvtepi32_ps(q[u]));
 }
+/* Q2_K: each half's d * sc and dmin * mn (exact), then the 2-bit integers widened by their loads and shifted
+ * into place; the FMA of Q4_K. */
+static inline __attribute__((always_inline)) void deq_q2_k(const uint8_t *row, int64_t b, vec8 out[4]) {
+    const uint8_t *super = row + (b >> 3) * Q2_K_BYTES;
+    const int s = (int)(b & 7);
+    const uint8_t *qs = k23_low_bits(super, s, WEIGHTS_Q2_K);
+    const __m128 dm = two_halves(super + 80);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t sc = super[2 * s + h];
+        const __m256 d = _mm256_mul_ps(lane0(dm), _mm256_set1_ps((float)(sc & 15)));
+        const __m256 m = _mm256_mul_ps(lane1(dm), _mm256_set1_ps((float)(sc >> 4)));
+        for (int u = 2 * h; u < 2 * h + 2; u++) {
+            const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * u)));
+            const __m256i q = _mm256_and_si256(_mm256_srli_epi32(bytes, 2 * (s % 4)), _mm256_set1_epi32(3));
+            out[u] = (vec8)_mm256_fmsub_ps(d, _mm256_cvtepi32_ps(q), m);
+        }
+    }
+}
+
+/* Q3_K: q - 4 as signed bytes (16-bit shifts and masks as Q5_K), widened; (d * scale) * q one product (exact). */
+static inline __attribute__((always_inline)) void deq_q3_k(const uint8_t *row, int64_t b, vec8 out[4]) {
+    const uint8_t *super = row + (b >> 3) * Q3_K_BYTES;
+    const int s = (int)(b & 7);
+    const __m256i qs = _mm256_loadu_si256((const __m256i *)k23_low_bits(super, s, WEIGHTS_Q3_K));
+    const __m256i hmask = _mm256_loadu_si256((const __m256i *)super);
+    const __m256i low = _mm256_and_si256(bits_to(qs, 2 * (s % 4), 0), _mm256_set1_epi8(3));
+    const __m256i high = _mm256_and_si256(bits_to(hmask, s, 2), _mm256_set1_epi8(4));
+    __m256i q[4];
+    widen32(_mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(4)), 1, q);
+    const float d = half_to_float(load_u16(super + 108));
+    for (int h = 0; h < 2; h++) {
+        const __m256 scale = _mm256_set1_ps(d * (float)q3_k_scale(super + 96, 2 * s + h));
+        for (int u = 2 * h; u < 2 * h + 2; u++) out[u] = (vec8)_mm256_mul_ps(scale, _mm256_cvtepi32_ps(q[u]));
+    }
+}
 #else
 static inline __attribute__((always_inline)) void deq_qblock(QBlock k, int kind, vec8 out[4]) {
     deq16(k.q[0], k.d[0], k.m[0], kind, out);
@@ -324,6 +414,14 @@ static inline __attribute__((always_inline)) void deq_q5_k(const uint8_t *row, i
 static inline __attribute__((always_inline)) void deq_q6_k(const uint8_t *row, int64_t b, const KScales *ks,
                                                          vec8 out[4]) {
     deq_qblock(q6_k_block(row, b, ks), DEQ_SIGNED, out);
+}
+
+static inline __attribute__((always_inline)) void deq_q2_k(const uint8_t *row, int64_t b, vec8 out[4]) {
+    deq_qblock(q2_k_block(row, b), DEQ_MIN, out);
+}
+
+static inline __attribute__((always_inline)) void deq_q3_k(const uint8_t *row, int64_t b, vec8 out[4]) {
+    deq_qblock(q3_k_block(row, b), DEQ_SIGNED, out);
 }
 #endif
 

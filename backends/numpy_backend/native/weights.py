@@ -14,16 +14,17 @@ from backends.numpy_backend.native.arrays import is_c_array
 Q = GGMLQuantizationType
 # What the kernels read as stored (quant.h, quant_k.h): the types kept as stored when the backend loads with gguf
 # weights.
-STORED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16})
+STORED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16,
+                          Q.BF16})
 # Read by the 8-lane kernels alone, on every tier (quant_k.h): never on AMX tiles, so exact in the fast precision's
 # steps of 4 rows and more
-EIGHT_LANES_ONLY = frozenset({Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+EIGHT_LANES_ONLY = frozenset({Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 # The fast precision's steps of 1-3 rows multiply 8-bit x by these types' integers (q8_dots.h, q8_k.h)
-SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 QBLOCK, QK_K, LANES = 32, 256, 8  # quant.h: weights per block, per K-quant super-block; floats per vector
 # quant.h's weights_supported: a row's length is a multiple of this
-ROW_MULTIPLE = {Q.Q4_0: QBLOCK, Q.Q4_1: QBLOCK, Q.Q8_0: QBLOCK, Q.Q5_0: QBLOCK, Q.Q5_1: QBLOCK, Q.Q4_K: QK_K,
-                Q.Q5_K: QK_K, Q.Q6_K: QK_K, Q.F16: LANES, Q.BF16: LANES}
+ROW_MULTIPLE = {Q.Q4_0: QBLOCK, Q.Q4_1: QBLOCK, Q.Q8_0: QBLOCK, Q.Q5_0: QBLOCK, Q.Q5_1: QBLOCK, Q.Q2_K: QK_K,
+                Q.Q3_K: QK_K, Q.Q4_K: QK_K, Q.Q5_K: QK_K, Q.Q6_K: QK_K, Q.F16: LANES, Q.BF16: LANES}
 
 
 class CWeights(ctypes.Structure):
