@@ -23,8 +23,8 @@ PREFILL_K_TILE = 32  # kKTile
 ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
 # Weight blocks read as stored (kernels/quant_blocks.cuh, PS_FOR_EACH_QUANT): blocks of 32 weights, or the
 # K-quants' super-blocks of 256, so a row's width is a whole number of them.
-QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
-K_QUANT_TYPES = ("q4_k", "q5_k", "q6_k")
+QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k")
+K_QUANT_TYPES = ("q4_k", "q5_k", "q6_k", "q2_k", "q3_k")
 QUANT_BLOCK = 32  # a thread's unit is half of such a block (a K-quant super-block holds 8)
 QUANT_SUPER_BLOCK = 256
 QUANT_GEMV_WARPS = 4  # kWarps in quant_gemv.cu

@@ -2,11 +2,11 @@
 (kernels/quant_blocks.cuh, quant_gemv.cu, dequantize.cu).
 
 With `backend.weights = gguf` the loader hands over every matrix of a type in STORED_TYPES as stored (a
-QuantMatrix). Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K go to the device as their bytes,
-unchanged: one uint8 array per matrix, plus its type and shape on the host. F16 and BF16 are kept as stored by
-the loader too (no float32 copy of the whole model on the host) but go to the device dense in the storage
-dtype, where cuBLAS reads them; that is exact when the storage dtype is the file's. Every other matrix (Q2_K,
-Q3_K, ...: no kernel reads them) arrives as float32, dequantized by the loader and named once at start-up
+QuantMatrix). Q4_0, Q4_1, Q8_0, Q5_0, Q5_1 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K go to the device as
+their bytes, unchanged: one uint8 array per matrix, plus its type and shape on the host. F16 and BF16 are kept as
+stored by the loader too (no float32 copy of the whole model on the host) but go to the device dense in the
+storage dtype, where cuBLAS reads them; that is exact when the storage dtype is the file's. Every other matrix
+(IQ4_NL, MXFP4, ...: no kernel reads them) arrives as float32, dequantized by the loader and named once at start-up
 (create), and is stored dense likewise.
 """
 

@@ -86,7 +86,7 @@ def stored_like_default(weights: ModelWeights) -> ModelWeights:
 
 # Byte offsets of each block's float16 fields (scales, mins) in the types the kernels read; the rest is integers.
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
-               "Q5_K": (0, 2), "Q6_K": (208,)}
+               "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
 
 
 def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int) -> QuantMatrix:

@@ -143,7 +143,7 @@ def _tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) ->
         writer.add_tensor(name, data)
     elif qtype == Q.F16:
         writer.add_tensor(name, data.astype(np.float16))
-    elif qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantize these
+    elif qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf cannot quantize these
         writer.add_tensor(name, quantize_k.quantize(data, qtype), raw_dtype=qtype)
     else:
         writer.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)

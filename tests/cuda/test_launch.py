@@ -24,8 +24,8 @@ def test_quant_gemv_covers_every_column_with_whole_warps() -> None:
     assert launch.quant_gemv("q8_0", "bfloat16", 1, 8, 64, logits=True).name == "quant_gemv_logits_q8_0_bf16"
 
 
-@pytest.mark.parametrize(("qtype", "rows", "k"), [("q2_k", 1, 256), ("q3_k", 1, 256), ("q4_0", 0, 64),
-                                                  ("q4_0", 9, 64), ("q8_0", 1, 48), ("q4_k", 1, 288),
+@pytest.mark.parametrize(("qtype", "rows", "k"), [("iq4_nl", 1, 256), ("q2_k", 1, 288), ("q3_k", 1, 32),
+                                                  ("q4_0", 0, 64), ("q4_0", 9, 64), ("q8_0", 1, 48), ("q4_k", 1, 288),
                                                   ("q6_k", 1, 32), ("q5_0", 1, 80)])
 def test_quant_launches_refuse_what_the_kernels_cannot_do(qtype: str, rows: int, k: int) -> None:
     with pytest.raises(ValueError):
@@ -38,6 +38,8 @@ def test_quant_launches_refuse_what_the_kernels_cannot_do(qtype: str, rows: int,
 def test_k_quants_take_rows_of_whole_super_blocks() -> None:
     assert launch.quant_gemv("q6_k", "float16", 1, 16, 768).name == "quant_gemv_q6_k_f16"
     assert launch.dequantize("q4_k", "bfloat16", 2, 256).name == "dequantize_q4_k_bf16"
+    assert launch.quant_gemv("q2_k", "float32", 2, 16, 512).name == "quant_gemv_q2_k_f32"
+    assert launch.dequantize("q3_k", "float16", 2, 256).name == "dequantize_q3_k_f16"
     assert launch.dequantize("q5_0", "float32", 2, 96).name == "dequantize_q5_0_f32"
 
 

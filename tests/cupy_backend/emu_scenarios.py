@@ -5,9 +5,10 @@ float32 must match to float32 rounding (logits within 1e-4, identical greedy tok
 only to their precision, which checks that the 16-bit storage flows through every kernel and GEMM. The quant-*
 scenarios do the same on the model quantized like the default one, each backend reading the matrices as the
 file stores them: decode rows through the dequantizing GEMV, prefill chunks through a dense copy and the GEMM.
-The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (the
-head and embedding Q6_K). checkpoint-bfloat16 serves the tiny model from a Hugging Face checkpoint directory of
-bfloat16 matrices. A last scenario dry-runs bench/gpu_check.py's measurement sections on the emulated device.
+The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
+Q6_K (the head and embedding Q6_K). checkpoint-bfloat16 serves the tiny model from a Hugging Face checkpoint
+directory of bfloat16 matrices. A last scenario dry-runs bench/gpu_check.py's measurement sections on the
+emulated device.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def k_quant_kernels(dtype: str) -> set[str]:
     """The K-quant model's: every new type through the GEMV (decode rows) and a dense copy (prefill chunks), the
     Q6_K head's logits through the GEMV, its embedding rows dequantized."""
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-    types = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+    types = ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
     names = [f"{base}_{t}" for base in ("quant_gemv", "dequantize") for t in types] + ["quant_gemv_logits_q6_k"]
     return {f"{n}_{short}" for n in names}
 

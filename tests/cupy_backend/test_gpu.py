@@ -3,8 +3,8 @@
 Two kinds of model: the real default model (SmolLM2-135M, when its package is installed), checked against the
 golden reference; and random weights in SmolLM2's shape (no model file needed), checked step by step against
 NumpyBackend on the same weights. Each also with its matrices kept as stored (Q4_1, Q8_0), read by the
-dequantizing kernels; and a tiny model whose matrices are Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. Measured errors
-are printed (see them with -rP) for calibration.
+dequantizing kernels; and a tiny model whose matrices are Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K. Measured
+errors are printed (see them with -rP) for calibration.
 """
 
 from __future__ import annotations

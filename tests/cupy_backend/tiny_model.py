@@ -2,7 +2,7 @@
 head_dim 16): 2 layers, hidden 128, 2 query heads of 64 sharing 1 KV head (GQA 2), FFN 256, float32; and the
 same shape quantized like the default model (Q4_1 matrices, a Q8_0 embedding that is also the output head),
 with a Q4_0 and an F16 matrix besides; and a wider one (hidden 256, so every matrix's rows are whole K-quant
-super-blocks) in the types a Q4_K_M file mixes and the other Q5 blocks."""
+super-blocks) in the types a Q4_K_M file mixes, the other Q5 blocks, and Q2_K and Q3_K."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def write_tiny_llama_d64_quant(path: Path, seed: int = 0) -> Path:
 K_SHAPE = TinyShape(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, context=256, weight_scale=0.1)
 # Every type the kernels gained besides Q4_0 / Q4_1 / Q8_0, each read by the GEMV and dequantized: per layer, Q, K
 # and V share a type (they are stacked as stored), as do gate and up; the embedding, also the head, is Q6_K.
+# (blk.1.ffn_down keeps the default Q4_K.)
 K_QUANT_TYPES = {
     "token_embd.weight": Q.Q6_K,
     **{f"blk.0.{name}.weight": Q.Q5_0 for name in ("attn_q", "attn_k", "attn_v")},
@@ -40,6 +41,8 @@ K_QUANT_TYPES = {
     "blk.0.attn_output.weight": Q.Q5_K,
     "blk.1.ffn_gate.weight": Q.Q5_K, "blk.1.ffn_up.weight": Q.Q5_K,
     "blk.0.ffn_down.weight": Q.Q6_K,
+    "blk.1.attn_output.weight": Q.Q2_K,
+    "blk.0.ffn_gate.weight": Q.Q3_K, "blk.0.ffn_up.weight": Q.Q3_K,
 }
 
 

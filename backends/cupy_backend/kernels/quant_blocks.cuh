@@ -9,16 +9,22 @@
 //         mins mn, qs (128)                                            (d * sc) * q - dmin * mn
 //   Q5_K  (176)  d, dmin, scales, qh (32), qs (128)                    as Q4_K, q with its fifth bit
 //   Q6_K  (210)  ql (128), qh (64), 16 int8 scales (one per 16 weights), f16 d     (d * scale) * (q - 32)
+//   Q2_K  (84)   16 bytes of 4-bit scales sc (low nibble) and mins mn (high), one per 16 weights, qs (64),
+//                f16 d, f16 dmin                                       (d * sc) * q - dmin * mn, q 2 bits
+//   Q3_K  (110)  hmask (32), qs (64), 12 bytes of 6-bit scales, f16 d  (d * scale) * (q - 4), q 3 bits
 // Nibble byte j of a 32-weight block holds weight j in its low half and weight j + 16 in its high half; bit j
 // of Q5's qh is weight j's fifth bit. Sub-block s of a Q4_K / Q5_K super-block is the low (s even) or high
 // nibbles of qs bytes 32 (s / 2) .. + 31, its fifth bits bit s of qh's 32 bytes. Q6_K's sub-block s lies in
 // half s / 4 of the super-block: the low (s % 4 < 2) or high nibbles of ql bytes 64 (s / 4) + 32 (s % 2) .. + 31,
-// and bits 2 (s % 4), 2 (s % 4) + 1 of qh bytes 128 + 32 (s / 4) .. + 31 above them.
+// and bits 2 (s % 4), 2 (s % 4) + 1 of qh bytes 128 + 32 (s / 4) .. + 31 above them. Q2_K's and Q3_K's
+// sub-block s is bits 2 (s % 4), 2 (s % 4) + 1 of the 32 qs bytes of half s / 4 of the super-block; Q3_K's
+// third bit is bit s of hmask's 32 bytes. Their scales are per 16 weights: half h of sub-block s has scale 2s + h.
 //
 // The operations are gguf's, each rounded to float on its own (__fmul_rn, __fadd_rn: NVCC never contracts them
 // into an FMA; x - y is x + -y in IEEE, sign of zero included). A float16 scale has 11 significant bits, so its
 // products with the integers (d * q, d * sc, dmin * mn, d * scale, (d * sc) * q) are exact in float; what rounds
-// is Q4_1 / Q5_1's + m, Q4_K / Q5_K's - dmin * mn, and Q6_K's (d * scale) * (q - 32) (up to 25 bits).
+// is Q4_1 / Q5_1's + m, Q4_K / Q5_K / Q2_K's - dmin * mn, and Q6_K's (d * scale) * (q - 32) (up to 25 bits;
+// Q3_K's (d * scale) * (q - 4) has at most 20).
 //
 // The unit one thread dequantizes is half of a block of 32 weights (a K-quant super-block is 8 such blocks):
 // 16 weights as two runs of 8 consecutive weights, which the GEMV multiplies with 16-byte vectors of
@@ -194,6 +200,40 @@ struct Q6_K {
   }
 };
 
+// Q2_K: half h of sub-block s is qs bytes 16 + 32 (s / 4) + 16h .. + 15, bits 2 (s % 4); scale byte 2s + h.
+struct Q2_K {
+  static constexpr int kWeights = kSuper, kBytes = 84;
+  __device__ static __forceinline__ Half half(const unsigned char* super, int s, int h) {
+    const int packed = super[2 * s + h];
+    const float scale = __fmul_rn(load_f16(super + 80), to_f(packed & 0xf));
+    const float min = __fmul_rn(load_f16(super + 82), to_f(packed >> 4));
+    const Bytes16 qs = load_bytes16(super + 16 + 32 * (s / 4) + 16 * h);
+    const int shift = 2 * (s % 4);
+    return consecutive_half(h, [&](int i) { return __fadd_rn(__fmul_rn(scale, to_f(qs[i] >> shift & 3)), -min); });
+  }
+};
+
+// Q3_K's 6-bit scale g from its 12 packed bytes (gguf's unpacking): the low 4 bits are byte g % 8's low (g < 8)
+// or high nibble, the top 2 bits bits 2 (g / 4) of byte 8 + g % 4; less 32.
+__device__ __forceinline__ int q3_k_scale(const unsigned char* p, int g) {
+  return ((p[g % 8] >> (4 * (g / 8)) & 0xf) | (p[8 + g % 4] >> (2 * (g / 4)) & 3) << 4) - 32;
+}
+
+// Q3_K: half h of sub-block s is qs bytes 32 + 32 (s / 4) + 16h .. + 15, bits 2 (s % 4), with bit s of hmask
+// bytes 16h .. + 15 above them; scale 2s + h.
+struct Q3_K {
+  static constexpr int kWeights = kSuper, kBytes = 110;
+  __device__ static __forceinline__ Half half(const unsigned char* super, int s, int h) {
+    const float scale = __fmul_rn(load_f16(super + 108), to_f(q3_k_scale(super + 96, 2 * s + h)));
+    const Bytes16 qs = load_bytes16(super + 32 + 32 * (s / 4) + 16 * h);
+    const Bytes16 hmask = load_bytes16(super + 16 * h);
+    const int shift = 2 * (s % 4);
+    return consecutive_half(h, [&](int i) {
+      return __fmul_rn(scale, to_f((qs[i] >> shift & 3) + 4 * (hmask[i] >> s & 1) - 4));
+    });
+  }
+};
+
 // Bytes of one row of k weights.
 template <typename Q>
 __device__ __forceinline__ long long row_bytes(int k) {
@@ -212,4 +252,5 @@ __device__ __forceinline__ Half half_at(const unsigned char* row, int block, int
 // Expands X(name, type, SUFFIX, T) once per stored type the kernels read: launch.QUANT_TYPES, in order.
 #define PS_FOR_EACH_QUANT(X, SUFFIX, T)                                                                        \
   X(q4_0, Q4_0, SUFFIX, T) X(q4_1, Q4_1, SUFFIX, T) X(q8_0, Q8_0, SUFFIX, T) X(q5_0, Q5_0, SUFFIX, T)          \
-  X(q5_1, Q5_1, SUFFIX, T) X(q4_k, Q4_K, SUFFIX, T) X(q5_k, Q5_K, SUFFIX, T) X(q6_k, Q6_K, SUFFIX, T)
+  X(q5_1, Q5_1, SUFFIX, T) X(q4_k, Q4_K, SUFFIX, T) X(q5_k, Q5_K, SUFFIX, T) X(q6_k, Q6_K, SUFFIX, T)          \
+  X(q2_k, Q2_K, SUFFIX, T) X(q3_k, Q3_K, SUFFIX, T)
