@@ -54,7 +54,7 @@ int64_t fast_small_steps_run(void) {
 int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *out, int64_t n, int64_t k) {
     if (k <= 0 || n < 0 || !weights_supported(type, k)) return -2;
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < n; r++) dequantize_row(data + r * row_bytes, type, k, out + r * k);
+    for (int64_t r = 0; r < n; r++) dequantize_any_row(data + r * row_bytes, type, k, out + r * k);
     return 0;
 }
 

@@ -198,8 +198,8 @@ static inline __attribute__((always_inline)) void q8_group_k23_t(const Q8Rows *x
 }
 #endif
 
-/* One group of a Q2_K / Q3_K matrix for every row of x (1..3): out of line, apart from q8_group_of's
- * instantiations of the other types. */
+/* One group of a Q2_K / Q3_K matrix for every row of x (1..3), in place of q8_group_of: out of line, apart
+ * from its instantiations of the other types. */
 __attribute__((noinline)) static void q8_group_k23(const Q8Rows *x, const Weights *w, float *y, int64_t m,
                                                    int64_t k, int64_t n, int64_t first, int add) {
 #define Q8_K23_ROWS(T)                                                                                              \

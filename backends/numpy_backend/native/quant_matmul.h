@@ -179,8 +179,9 @@ static inline __attribute__((always_inline)) void tile_two_t(const float *x, con
 #if TILE_ROWS > 2
 /* Tile t for 3 or 4 rows of x: out of line, so that the 1-2 row path's code is what it was (inlining these into
  * project_tile_q made a batch-1 step 10 % slower). */
-__attribute__((noinline)) static void tile_more_rows(const float *x, const Weights *w, float *y, int64_t rows,
-                                                     int64_t k, int64_t n, int64_t t, int add) {
+__attribute__((noinline, aligned(HOT_ALIGN))) static void tile_more_rows(const float *x, const Weights *w, float *y,
+                                                                        int64_t rows, int64_t k, int64_t n, int64_t t,
+                                                                        int add) {
 #define TILE_3(T) tile_rows_t(x, w, y, 3, k, n, t, add, T)
 #define TILE_4(T) tile_rows_t(x, w, y, 4, k, n, t, add, T)
     if (rows == 3) {
@@ -218,9 +219,10 @@ static inline __attribute__((always_inline)) void tile_any_rows_t(const float *x
     tile_pair_t(x, w, y, rows, k, n, t, add, type);
 }
 
-/* Tile t of a Q2_K / Q3_K matrix for every row of x: out of line, as tile_more_rows, so that project_tile_q's
- * code for the other types is what it was (these two types inlined into its dispatch made a batch-1 step on
- * Q8_0 weights 10-15 % slower). */
+/* Tile t of a Q2_K / Q3_K matrix for every row of x, in place of project_tile_q: out of line, and called from
+ * project_weights rather than from project_tile_q, so that project_tile_q's code for the other types is what it
+ * was (these two types inlined into its dispatch made a batch-1 step on Q8_0 weights 10-15 % slower; a test for
+ * them at its top alone changed its register allocation throughout, and the step 2 % slower on avx2). */
 __attribute__((noinline)) static void tile_k23(const float *x, const Weights *w, float *y, int64_t m, int64_t k,
                                                int64_t n, int64_t t, int add) {
     for (int64_t i = 0; i < m; i += TILE_ROWS) {
@@ -232,8 +234,8 @@ __attribute__((noinline)) static void tile_k23(const float *x, const Weights *w,
 }
 
 /* Tile t for every row of x, TILE_ROWS rows at a time (each weight dequantized once per group of rows). */
-static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int64_t t,
-                           int add) {
+__attribute__((aligned(HOT_ALIGN))) static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m,
+                                                               int64_t k, int64_t n, int64_t t, int add) {
 #if QUANT_WIDE
     if (nibble_ordered(w->type)) {
         project_tile_nibbles(x, w, y, m, k, n, t, add);
@@ -244,10 +246,6 @@ static void project_tile_q(const float *x, const Weights *w, float *y, int64_t m
         return;
     }
 #endif
-    if (is_k23(w->type)) {
-        tile_k23(x, w, y, m, k, n, t, add);
-        return;
-    }
 #if TILE_ROWS > 2
     if (m > 2) {
         for (int64_t i = 0; i < m; i += TILE_ROWS)
@@ -297,7 +295,7 @@ static inline __attribute__((always_inline)) float row_dot_t(const vec8 *x, cons
 }
 #endif
 
-/* row_dot_q for Q2_K / Q3_K, out of line (tile_k23). */
+/* row_dot_q for Q2_K / Q3_K, out of line (tile_k23), in its place. */
 __attribute__((noinline)) static float row_dot_k23(const vec8 *x, const uint8_t *row, int32_t type, int64_t k) {
     float dot = 0.0f;
 #define ROW_DOT(T) dot = row_dot_t(x, row, k, T)
@@ -307,7 +305,6 @@ __attribute__((noinline)) static float row_dot_k23(const vec8 *x, const uint8_t 
 }
 
 static float row_dot_q(const vec8 *x, const uint8_t *row, int32_t type, int64_t k) {
-    if (is_k23(type)) return row_dot_k23(x, row, type, k);
     float dot = 0.0f;
 #define ROW_DOT(T) dot = row_dot_t(x, row, k, T)
     DISPATCH_TYPE(type, ROW_DOT)
@@ -318,6 +315,7 @@ static float row_dot_q(const vec8 *x, const uint8_t *row, int32_t type, int64_t 
 /* One weight row against one row of x (in nibble order for the Q4 types where QUANT_WIDE), by the path the
  * build sums with. */
 static float row_dot_any(const float *x, const uint8_t *row, int32_t type, int64_t k) {
+    if (is_k23(type)) return row_dot_k23((const vec8 *)x, row, type, k);
 #if QUANT_WIDE
     if (nibble_ordered(type)) return row_dot_nibbles(x, row, type == WEIGHTS_Q4_1, k);
     if (quant_wide_for(type, k)) return row_dot_wide(x, row, type, k);
@@ -328,7 +326,7 @@ static float row_dot_any(const float *x, const uint8_t *row, int32_t type, int64
 /* Strips first .. first + count - 1 for every row of x, dequantized into buf first (count * STRIP * k floats). */
 static void project_strips_q(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                              int64_t first, int64_t count, int add, float *buf) {
-    const int wide = quant_wide_for(w->type, k);
+    const int wide = !is_k23(w->type) && quant_wide_for(w->type, k);
     const int64_t blocks = wide ? wide_blocks(m, count * STRIP) : (m + BLOCK_ROWS - 1) / BLOCK_ROWS * count;
     Ahead ahead = stored_rows_ahead(w, n, (first + count) * STRIP, count * STRIP, blocks);
     for (int64_t r = 0; r < count * STRIP; r++) {
@@ -338,7 +336,7 @@ static void project_strips_q(const float *x, const Weights *w, float *y, int64_t
             continue;
         }
 #endif
-        dequantize_row(weights_row(w, first * STRIP + r), w->type, k, buf + r * k);
+        dequantize_any_row(weights_row(w, first * STRIP + r), w->type, k, buf + r * k);
     }
 #if QUANT_WIDE
     if (wide) {
@@ -409,6 +407,8 @@ static inline void project_weights(const float *x, const Weights *w, float *y, i
             project_rest_q(x, w, y, m, k, n, parts * width, add, blocked ? buf : NULL);
         else if (blocked)
             project_strips_q(x, w, y, m, k, n, t * GROUP, GROUP, add, buf);
+        else if (is_k23(w->type))
+            tile_k23(x, w, y, m, k, n, t, add);
         else
             project_tile_q(x, w, y, m, k, n, t, add);
     }

@@ -32,8 +32,9 @@ static inline Ahead next_tile_ahead(const Weights *w, int64_t n, int64_t t, int6
 #define QUANT_WIDE 1
 #include <immintrin.h>
 
+/* Not for Q2_K / Q3_K (is_k23): every caller sends them elsewhere first (quant_k.h's eight_lanes_tiled). */
 static inline int quant_wide_for(int32_t type, int64_t k) {
-    return type != WEIGHTS_F32 && !eight_lanes_only(type) && k % 16 == 0;
+    return type != WEIGHTS_F32 && !eight_lanes_tiled(type) && k % 16 == 0;
 }
 
 /* 8 lanes from 16: lane i + lane i + 8 (the fold every path applies before hsum_pairs' order). */
