@@ -92,7 +92,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         choices=CPU_KERNELS),
     "backend.weights": SettingDoc(
         "gguf: each weight matrix as the file stores it, where a kernel reads its type (Q4_0, Q4_1, Q8_0, Q5_0, "
-        "Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16; cupy holds F16 / BF16 matrices in dtype); float32: "
+        "Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16; cupy holds F16 / BF16 matrices in dtype); float32: "
         "dequantized at load (the reference, 5.5x the memory and the bytes per step; on cupy, every matrix in "
         "dtype)", choices=WEIGHTS),
     "backend.cpu_precision": SettingDoc(
