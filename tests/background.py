@@ -12,6 +12,7 @@ read their results run last (`consumers_last`), by when the work is done. A fixt
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+ENV_POSITION = 10  # Popen's `env` among its positional parameters
 # Fixtures whose values come from background work: the tests that use them run after all others.
 CONSUMER_FIXTURES = frozenset({"case_runner", "scenario_runner", "aarch64_runs", "phoenix"})
 
@@ -42,13 +44,25 @@ def _lower_priority() -> tuple[str, ...]:
     return (nice, "-n", "19") if nice else ()
 
 
-def _spawn_by_fork() -> None:
-    """Children start by fork() from here on, not vfork(). A vfork()ed child execs from the parent's memory with
-    the GIL let go, so a test that sets an environment variable meanwhile (monkeypatch.setenv) can free the
-    environment array the child is reading: its exec fails with EFAULT ("Bad address"), as a background g++
-    did on CI. fork() gives the child its own copy; it costs a millisecond or so per child."""
-    if hasattr(subprocess, "_USE_VFORK"):
-        setattr(subprocess, "_USE_VFORK", False)  # noqa: B010 (a private flag, absent from the stubs)
+def _spawn_with_own_environment() -> None:
+    """Every child started from here on without an explicit `env` gets a copy of os.environ taken by its caller.
+    A vfork()ed child execs from the parent's memory with the GIL let go, and without `env` it reads the process's
+    environment array itself: a test that sets a variable meanwhile (monkeypatch.setenv) can free that array
+    under it, and its exec fails with EFAULT ("Bad address"), as a background g++ did on CI. With `env`, the
+    array the child reads is built by the caller and lives until the exec. (fork() instead of vfork() avoids the
+    race too, but runs OpenBLAS's fork handler, which deadlocks while another thread is in a BLAS call.)"""
+    init = subprocess.Popen.__init__
+    if getattr(init, "copies_environ", False):
+        return
+
+    @functools.wraps(init)
+    def with_environ(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        if len(args) <= ENV_POSITION and kwargs.get("env") is None:
+            kwargs["env"] = dict(os.environ)
+        init(self, *args, **kwargs)
+
+    with_environ.copies_environ = True  # type: ignore[attr-defined]
+    subprocess.Popen.__init__ = with_environ  # type: ignore[method-assign]
 
 
 def start_selected_modules(session: pytest.Session) -> None:
@@ -69,7 +83,7 @@ class Background:
     """Work started by name in threads (each driving child processes), taken once by the fixture that needs it."""
 
     def __init__(self) -> None:
-        _spawn_by_fork()
+        _spawn_with_own_environment()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="background")
         self._started: dict[str, Future[Any]] = {}
         self._temp = tempfile.TemporaryDirectory(prefix="pagedserve-tests-")
