@@ -26,12 +26,20 @@ FloatArray = npt.NDArray[np.float32]
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """What one token of KV cache is made of; `kvpool` turns this into bytes per block."""
+    """What one token of KV cache is made of; `kvpool` turns this into bytes per block.
+
+    `sliding_window`: the positions a sliding layer attends to (0: the model has none). `window_layers`: how many
+    of the layers are sliding layers whose KV this backend can keep in a pool of its own (init_cache's
+    window_blocks), a smaller one, since their blocks before a sequence's window are never read again; 0: every
+    layer's KV lives in the one pool.
+    """
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     dtype_bytes: int = 4
+    sliding_window: int = 0
+    window_layers: int = 0
 
 
 class AllowedTokens(Protocol):
@@ -80,6 +88,9 @@ class StepBatch:
     `context_lens[b]` tokens, the last of them this step's. `block_tables[b, i]` is the physical block of
     its i-th logical block (rows padded with 0 past the sequence's length). A backend samples the logits of
     the tokens at `sample_token_rows()`.
+
+    When the backend's cache has a window pool (init_cache's window_blocks > 0), its sliding layers read and write
+    their K/V through `window_tables` and `window_slots` instead, both set in every step; otherwise both are None.
     """
 
     seq_ids: tuple[int, ...]
@@ -96,6 +107,14 @@ class StepBatch:
     # (S,) how many tokens before its sequence's last token each sample row reads its logits at: a sequence
     # verifying k speculative tokens samples k + 1 rows, lags k..0. None: every row reads the last token.
     sample_lag: IntArray | None = None
+    # (B, W) the sliding layers' block tables when they have a pool of their own: window_tables[b, i] is the
+    # window pool's block for logical block i of sequence b, or -1 where that block lies wholly before the
+    # sequence's window (never read). W covers at least context_lens[b] tokens; rows padded with 0 past it.
+    window_tables: IntArray | None = None
+    window_slots: LongArray | None = None  # (T,) each token's slot in the window pool; negative: padding
+    # copy-on-write (src, dst) in the window pool, done before the forward (block_copies then copies in the full
+    # layers only)
+    window_block_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -150,6 +169,9 @@ class Backend(Protocol):
     - `cost_prior()`: a first guess at the backend's step times; the scheduler's online fit corrects it, so a
       cautious guess (over, not under) is enough, and `CostCoefficients()` (all zero) says nothing is known.
     - `kv_geometry`, `init_cache()`: the KV cache's shape per token, then its size, once, before the first step.
+      `init_cache(num_blocks, block_size, window_blocks)`: with window_blocks > 0 (only where kv_geometry
+      reports window_layers), the sliding layers' K/V live in a pool of window_blocks blocks of their own, and
+      every step brings their window_tables and window_slots; 0: every layer lives in the num_blocks pool.
     """
 
     name: str
@@ -165,7 +187,7 @@ class Backend(Protocol):
 
     def cost_prior(self) -> CostCoefficients: ...
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None: ...
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None: ...
 
     def execute(self, batch: StepBatch) -> StepOutput: ...
 

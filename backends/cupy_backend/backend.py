@@ -72,7 +72,9 @@ class CupyBackend:
             raise RuntimeError("init_cache() must be called before the first step")
         return self._cache
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
+        if window_blocks > 0:  # kv_geometry reports no window layers: no pool of their own to size
+            raise BackendError("the cupy backend keeps every layer's KV in one pool: window_blocks must be 0")
         geo = self.kv_geometry
         self._cache = None  # free the old cache before allocating its replacement
         self._cache = DeviceKVCache(self.device.xp, self.storage, geo.num_layers, num_blocks, block_size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.base import KVGeometry, LongArray, StepBatch, StepOutput
+from backends.base import BackendError, KVGeometry, LongArray, StepBatch, StepOutput
 from backends.model.config import ModelConfig
 from backends.sim_backend.clock import Clock, RealClock
 from backends.sim_backend.cost_model import CostModel, StepCost
@@ -52,7 +52,9 @@ class SimBackend:
         cfg, dtype_bytes = self.config, self.profile.dtype_bytes  # KV at the simulated machine's dtype
         return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=dtype_bytes)
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
+        if window_blocks > 0:  # kv_geometry reports no window layers: no pool of their own to size
+            raise BackendError("the sim backend keeps every layer's KV in one pool: window_blocks must be 0")
         self.num_blocks, self.block_size = num_blocks, block_size  # no KV to hold: just remember the shape
 
     def execute(self, batch: StepBatch) -> StepOutput:

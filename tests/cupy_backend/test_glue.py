@@ -175,6 +175,15 @@ def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
         backend.execute(make_batch([seq], [[4]], 8))
 
 
+def test_a_window_pool_is_refused(tmp_path: Path) -> None:
+    """Its kv_geometry reports no window layers, so it is never given a pool of their own."""
+    model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))
+    backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    assert backend.kv_geometry.window_layers == 0
+    with pytest.raises(BackendError, match="window_blocks must be 0"):
+        backend.init_cache(40, 8, window_blocks=8)
+
+
 @pytest.mark.parametrize("weights", ["gguf", "float32"])
 def test_create_hands_quantized_matrices_over_as_stored(weights: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -50,7 +50,7 @@ class PositionBackend:
     def cost_prior(self) -> CostCoefficients:
         return CostCoefficients()
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
         pass
 
     def execute(self, batch: StepBatch) -> StepOutput:

@@ -40,7 +40,7 @@ class MarkovBackend:
     def cost_prior(self) -> CostCoefficients:
         return CostCoefficients()
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
         pass
 
     def execute(self, batch: StepBatch) -> StepOutput:

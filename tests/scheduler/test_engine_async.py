@@ -51,8 +51,8 @@ class FlakySim:
     def cost_prior(self) -> CostCoefficients:
         return self.inner.cost_prior()
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
-        self.inner.init_cache(num_blocks, block_size)
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
+        self.inner.init_cache(num_blocks, block_size, window_blocks)
 
     def execute(self, batch: StepBatch) -> StepOutput:
         if self.fail_seq is not None and self.fail_seq in batch.seq_ids:

@@ -32,6 +32,9 @@ def test_create_through_the_registry(files: ModelFiles) -> None:
     assert (geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes) == (30, 3, 64, 2)
     sim.init_cache(100, 16)
     assert (sim.num_blocks, sim.block_size) == (100, 16)
+    assert geo.window_layers == 0  # so it is never given a window pool
+    with pytest.raises(BackendError, match="window_blocks must be 0"):
+        sim.init_cache(100, 16, window_blocks=8)
 
 
 def test_cpu_profile_keeps_the_numpy_models_fp32_kv(files: ModelFiles) -> None:
