@@ -59,7 +59,7 @@ def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bl
     batch, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_blocks = -(-int(context_lens.max()) // block_size)
-    tables = block_tables[:, :num_blocks]
+    tables = block_tables[:, :num_blocks]  # -1 (a window pool's block given back) gathers the last block: masked
     keys = k_cache[tables].reshape(batch, -1, kv_heads, dim).transpose(0, 2, 3, 1)  # (B, kvh, d, L)
     values = v_cache[tables].reshape(batch, -1, kv_heads, dim).transpose(0, 2, 1, 3)  # (B, kvh, L, d)
     grouped = q.reshape(batch, kv_heads, heads // kv_heads, dim) * np.float32(dim**-0.5)
@@ -68,7 +68,10 @@ def decode_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, bl
     outside = positions >= context_lens[:, None]  # (B, L)
     if window:
         outside |= positions < context_lens[:, None] - window
-    scores += np.where(outside, NEG_INF, np.float32(0))[:, None, None, :]
+    # replaced, not added to: a position outside may hold any block's keys (a -1 entry's, or padding's), which
+    # must not reach the softmax, not even as inf or NaN; its value rows (finite: the cache holds zeros or stored
+    # K/V) are weighed by an exact 0
+    np.copyto(scores, NEG_INF, where=outside[:, None, None, :])
     return _softmax_weighted(scores, values).reshape(batch, heads, dim)
 
 
@@ -78,6 +81,8 @@ def prefill_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, b
     > 0: each query over the last `window` positions up to its own."""
     n, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    # a -1 entry (a window pool's block given back, wholly before the window) gathers the last block: its scores
+    # are replaced below (hidden), so what that block holds never reaches the softmax
     tables = block_table[: -(-context_len // block_size)]
     keys = k_cache[tables].reshape(-1, kv_heads, dim)[:context_len]
     values = v_cache[tables].reshape(-1, kv_heads, dim)[:context_len]

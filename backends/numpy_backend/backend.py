@@ -13,7 +13,7 @@ from backends.config import KV_CACHE_DTYPES
 from backends.model.loader import LoadedModel
 from backends.numpy_backend.kernel_choice import choose_kernels
 from backends.numpy_backend.kv_cache import PagedKVCache
-from backends.numpy_backend.model import DecoderForward
+from backends.numpy_backend.model import DecoderForward, check_window_inputs
 from backends.numpy_backend.native.cpu_tiers import AUTO, CpuInfo, CpuTier, CpuTierError, describe
 from backends.sampling import sample
 from backends.step_shape import CostCoefficients, ModelShape
@@ -57,7 +57,12 @@ class NumpyBackend:
     @property
     def kv_geometry(self) -> KVGeometry:
         cfg = self.model.config
-        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.kv_dtype.itemsize)
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.kv_dtype.itemsize,
+                          sliding_window=cfg.sliding_window, window_layers=len(self._sliding_layers()))
+
+    def _sliding_layers(self) -> list[int]:
+        cfg = self.model.config
+        return [i for i in range(cfg.num_layers) if cfg.layer_window(i) > 0]
 
     @property
     def cache(self) -> PagedKVCache:
@@ -65,14 +70,18 @@ class NumpyBackend:
             raise RuntimeError("init_cache() must be called before the first step")
         return self._cache
 
-    def init_cache(self, num_blocks: int, block_size: int) -> None:
-        geo = self.kv_geometry
+    def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
+        """window_blocks > 0: the sliding layers' K/V in a pool of that many blocks of their own."""
+        geo, sliding = self.kv_geometry, self._sliding_layers()
+        if window_blocks > 0 and not sliding:
+            raise BackendError(f"a window pool of {window_blocks} blocks for a model without sliding layers")
         self._cache = PagedKVCache.allocate(geo.num_layers, num_blocks, block_size, geo.num_kv_heads, geo.head_dim,
-                                            self.kv_dtype)
+                                            self.kv_dtype, sliding, window_blocks)
 
     def compute_logits(self, batch: StepBatch) -> np.ndarray:
         """(S, vocab) float32 logits for the sequences in `batch.sample_rows`."""
-        self.cache.copy_blocks(batch.block_copies)
+        check_window_inputs(batch, self.cache)  # before the copies: a refused step changes nothing
+        self.cache.copy_blocks(batch.block_copies, batch.window_block_copies)
         hidden = self.forward.hidden_states(batch, self.cache)
         return self.forward.logits(hidden[batch.sample_token_rows()])
 

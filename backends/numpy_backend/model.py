@@ -55,6 +55,7 @@ class DecoderForward:
 
     def hidden_states(self, batch: StepBatch, cache: PagedKVCache) -> np.ndarray:
         """Run every token of the step through all layers (writing their KV); returns (T, hidden)."""
+        check_window_inputs(batch, cache)
         x = lookup(self.weights.embedding, batch.token_ids)
         if self.config.arch.scale_embeddings:
             x = x * np.float32(np.sqrt(self.config.hidden_size))
@@ -76,16 +77,18 @@ class DecoderForward:
         """The step in one C call, a row per token: a chunk's tokens take their sequence's block table and
         attend up to their own positions."""
         assert self.fused_step is not None
-        tables, lengths, seq_first = batch.block_tables, batch.context_lens, None
+        tables, window_tables, lengths, seq_first = batch.block_tables, batch.window_tables, batch.context_lens, None
         if not step.layout.all_decode:
             seq_of_token = np.repeat(np.arange(len(tables)), np.diff(batch.query_start))
             tables, lengths = tables[seq_of_token], batch.positions + 1
+            window_tables = None if window_tables is None else window_tables[seq_of_token]
             seq_first = _own_rows_for_sampled(batch, batch.query_start[seq_of_token])
         half = self.config.head_dim // 2
         (cos, sin), local = step.angles[self.config.rope_theta], step.angles.get(self.config.arch.local_rope_base)
         local_angles = None if local is None else (local[0].reshape(-1, half), local[1].reshape(-1, half))
+        window = None if window_tables is None or batch.window_slots is None else (batch.window_slots, window_tables)
         self.fused_step.run(x, cache, cos.reshape(-1, half), sin.reshape(-1, half), batch.slot_mapping, tables,
-                            lengths, seq_first, local_angles)
+                            lengths, seq_first, local_angles, window)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(S, hidden) final hidden states of the rows to sample -> (S, vocab) logits."""
@@ -105,9 +108,10 @@ class DecoderForward:
         qk = self.rotate(qk, *step.angles[cfg.layer_rope_base(index)])
         q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
         v = qkv[:, cfg.q_size + cfg.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
-        cache.write(index, batch.slot_mapping, k, v)  # before attention: a chunk attends to its own keys
+        slots, tables = _kv_refs(index, batch, cache)
+        cache.write(index, slots, k, v)  # before attention: a chunk attends to its own keys
         out = paged_attention(q, cache.keys[index], cache.values[index], step.layout, batch.query_start,
-                              batch.block_tables, batch.context_lens, self.decode_attention, self.chunk_attention,
+                              tables, batch.context_lens, self.decode_attention, self.chunk_attention,
                               cfg.layer_window(index))
         return self.project(out.reshape(-1, cfg.q_size), layer.wo)
 
@@ -119,6 +123,30 @@ class DecoderForward:
     def _mlp(self, layer: LayerWeights, x: np.ndarray) -> np.ndarray:
         h = rms_norm(x, layer.ffn_norm, self.config.rms_eps)
         return self.project(self.activation(self.project(h, layer.w_gate_up)), layer.w_down)
+
+
+def check_window_inputs(batch: StepBatch, cache: PagedKVCache) -> None:
+    """A step brings the window pool's tables and slots exactly when the cache has that pool: a scheduler bug
+    otherwise, which would read and write the sliding layers' K/V in the wrong pool."""
+    pool = bool(cache.window_layers)
+    if (batch.window_tables is not None, batch.window_slots is not None) != (pool, pool):
+        have = "has a window pool" if pool else "has no window pool"
+        raise ValueError(f"the KV cache {have}, but the step's window_tables and window_slots are "
+                         f"{_given(batch.window_tables)} and {_given(batch.window_slots)}")
+    if batch.window_block_copies and not pool:
+        raise ValueError("window block copies for a KV cache without a window pool")
+
+
+def _given(array: np.ndarray | None) -> str:
+    return "missing" if array is None else "given"
+
+
+def _kv_refs(index: int, batch: StepBatch, cache: PagedKVCache) -> tuple[np.ndarray, np.ndarray]:
+    """The slots and block tables of layer `index`'s K/V: the window pool's where the layer lives there."""
+    if index in cache.window_layers:
+        assert batch.window_slots is not None and batch.window_tables is not None  # check_window_inputs
+        return batch.window_slots, batch.window_tables
+    return batch.slot_mapping, batch.block_tables
 
 
 def _own_rows_for_sampled(batch: StepBatch, seq_first: np.ndarray) -> np.ndarray:

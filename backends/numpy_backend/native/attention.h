@@ -510,9 +510,11 @@ static inline int64_t attention_split(int64_t rows, int64_t threads, int64_t kv_
     return want < kv_heads ? want : kv_heads;
 }
 
-/* 1 when the blocks a sequence of ctx tokens reads (the first ones of its table) all lie in the cache. */
-static int table_in_cache(const int32_t *table, int64_t ctx, int64_t block_size, int64_t num_blocks) {
-    for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; b++)
+/* 1 when the blocks holding positions first .. ctx - 1 of a sequence (those its attention reads: first > 0 for a
+ * sliding layer, from its window's first position) all lie in the cache. The blocks before may be anything: a
+ * sliding layer's own pool marks those it gave back with -1. */
+static int table_in_cache(const int32_t *table, int64_t first, int64_t ctx, int64_t block_size, int64_t num_blocks) {
+    for (int64_t b = first / block_size; b < (ctx + block_size - 1) / block_size; b++)
         if (table[b] < 0 || table[b] >= num_blocks) return 0;
     return 1;
 }

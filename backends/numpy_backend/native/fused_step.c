@@ -43,6 +43,7 @@ enum { TIME_PROJECTIONS, TIME_ATTENTION, TIME_OTHER, TIME_PARTS }; /* seconds of
 
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, block_size, num_blocks;
+    int64_t window_blocks; /* the blocks of the sliding layers' own pool (StepRows' window_tables); 0: none */
     int64_t kv_half; /* 1: the KV cache holds float16 (rounded to nearest even as stored), 0: float32 */
     int64_t rope_halves; /* RoPE rotates the pairs (i, i + head_dim / 2); 0: the interleaved (2i, 2i + 1) */
     int64_t gelu;        /* the MLP is GeGLU with tanh-approximated GELU; 0: SwiGLU */
@@ -52,7 +53,7 @@ typedef struct {
 typedef struct { /* one layer's weights (matrices (out, in) as stored: float32 or a GGUF type) and KV cache */
     const float *attn_norm, *ffn_norm;
     Weights wqkv, wo, w_gate_up, w_down;
-    void *keys, *values; /* (num_blocks, block_size, kv_heads, head_dim), float32 or float16 (kv_half) */
+    void *keys, *values; /* (num_blocks or window_blocks, block_size, kv_heads, head_dim), float32 or float16 */
     const float *q_norm, *k_norm;                /* (head_dim,): over each Q and K head before RoPE; NULL: none */
     const float *post_attn_norm, *post_ffn_norm; /* (hidden,): on attention's and the MLP's outputs; NULL: none */
     int64_t window;     /* a row at position p attends to p - window + 1 .. p; 0: its whole context */
@@ -68,6 +69,12 @@ typedef struct { /* the step's rows: one per token */
                                                    tokens it attends to, itself included (position + 1) */
     const int32_t *seq_first; /* (rows,) the first row of its sequence in the step; NULL: every row its own */
     const float *local_cos, *local_sin; /* as cos, sin at the sliding layers' RoPE base; NULL: no layer uses them */
+    /* the sliding layers' own pool, which a layer with a window uses instead of slots and block_tables when given
+     * (uses_window_pool): (rows,) slots; (rows, window_stride) tables, -1 for a block wholly before the row's
+     * window, never read; NULL, 0: no window pool */
+    int64_t window_stride;
+    const int64_t *window_slots;
+    const int32_t *window_tables;
 } StepRows;
 
 typedef struct { /* activations, (rows, width) each; the attention's shared row counter, rows and buffers */
@@ -132,6 +139,11 @@ static void norm_heads(float *v, int64_t heads, int64_t head_dim, const float *w
     for (int64_t h = 0; h < heads; h++) rms_norm_vector(v + h * head_dim, weight, v + h * head_dim, head_dim, eps);
 }
 
+/* 1 when the layer's K/V live in the window pool: a sliding layer, in a step that brings the pool's tables. */
+static int uses_window_pool(const LayerRefs *layer, const StepRows *s) {
+    return layer->window > 0 && s->window_tables != NULL;
+}
+
 /* n floats x stored at value `at` of a cache layer: copied, or rounded to float16 (half). */
 static void store_cached(void *layer, int64_t at, const float *x, int64_t n, int64_t half) {
     if (half) store_f16(x, n, (uint8_t *)layer + 2 * at);
@@ -144,6 +156,7 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
     const int64_t q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
     const int64_t width = q_size + 2 * kv_size, half = m->head_dim / 2;
     const float *cos = layer->local_rope ? s->local_cos : s->cos, *sin = layer->local_rope ? s->local_sin : s->sin;
+    const int64_t *slots = uses_window_pool(layer, s) ? s->window_slots : s->slots;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < s->rows; r++) {
         float *row = qkv + r * width;
@@ -152,24 +165,25 @@ static void rope_and_store_rows(const ModelShape *m, const LayerRefs *layer, con
         if (layer->q_norm != NULL) norm_heads(row, m->heads, m->head_dim, layer->q_norm, m->eps);
         if (layer->k_norm != NULL) norm_heads(row + q_size, m->kv_heads, m->head_dim, layer->k_norm, m->eps);
         rotate_heads(row, m->heads + m->kv_heads, m->head_dim, cos + r * half, sin + r * half, m->rope_halves);
-        if (s->slots[r] < 0) continue;
-        store_cached(layer->keys, s->slots[r] * kv_size, row + q_size, kv_size, m->kv_half);
-        store_cached(layer->values, s->slots[r] * kv_size, row + q_size + kv_size, kv_size, m->kv_half);
+        if (slots[r] < 0) continue;
+        store_cached(layer->keys, slots[r] * kv_size, row + q_size, kv_size, m->kv_half);
+        store_cached(layer->values, slots[r] * kv_size, row + q_size + kv_size, kv_size, m->kv_half);
     }
 }
 
-static DecodeShape attention_shape(const ModelShape *m, const StepRows *s, int64_t window) {
-    return (DecodeShape){m->heads, m->kv_heads, m->head_dim, m->block_size, s->table_stride,
+static DecodeShape attention_shape(const ModelShape *m, int64_t table_stride, int64_t window) {
+    return (DecodeShape){m->heads, m->kv_heads, m->head_dim, m->block_size, table_stride,
                          1.0f / sqrtf((float)m->head_dim), 0, 0, m->kv_half != 0, window, 0};
 }
 
 /* Each row's attention over its sequence's paged context, or the layer's window of it (step_attention.h). */
 static void attend_rows(const ModelShape *m, const LayerRefs *layer, const StepRows *s, Activations *a,
                         Scratch *scratch) {
-    const DecodeShape shape = attention_shape(m, s, layer->window);
+    const int window_pool = uses_window_pool(layer, s);
+    const DecodeShape shape = attention_shape(m, window_pool ? s->window_stride : s->table_stride, layer->window);
     const int64_t width = (m->heads + 2 * m->kv_heads) * m->head_dim;
-    attend_step(&shape, layer->keys, layer->values, s->block_tables, s->context_lens, a->qkv, width, a->attn,
-                &a->groups, &a->chunks, scratch, &a->next_row);
+    attend_step(&shape, layer->keys, layer->values, window_pool ? s->window_tables : s->block_tables,
+                s->context_lens, a->qkv, width, a->attn, &a->groups, &a->chunks, scratch, &a->next_row);
 }
 
 /* sigmoid(z), taking exp of -|z| only (exp_nonpositive): 1 / (1 + e) for z >= 0, e / (1 + e) below. */
@@ -236,21 +250,34 @@ static void decoder_layer(const ModelShape *m, const LayerRefs *layer, const Ste
                      clock, fast);
 }
 
-/* 0, or -5 when a new token's slot or a block the attention would read lies outside the cache. */
-static int check_cache_refs(const ModelShape *m, const StepRows *s) {
+/* 0, or -5 when a new token's slot or a block the attention would read lies outside its pool: in the full pool,
+ * every block up to the context, where a layer uses it; in the window pool, those from the widest window's first
+ * position on (the ones before it may be -1). */
+static int check_cache_refs(const ModelShape *m, const LayerRefs *layers, const StepRows *s) {
+    int64_t full = 0, window = 0;
+    for (int64_t l = 0; l < m->layers; l++)
+        if (!uses_window_pool(&layers[l], s)) full = 1;
+        else if (layers[l].window > window) window = layers[l].window;
     for (int64_t r = 0; r < s->rows; r++) {
-        if (s->slots[r] >= m->num_blocks * m->block_size) return -5;
-        if (!table_in_cache(s->block_tables + r * s->table_stride, s->context_lens[r], m->block_size, m->num_blocks))
+        const int64_t ctx = s->context_lens[r];
+        if (full && (s->slots[r] >= m->num_blocks * m->block_size
+                     || !table_in_cache(s->block_tables + r * s->table_stride, 0, ctx, m->block_size, m->num_blocks)))
+            return -5;
+        if (window && (s->window_slots[r] >= m->window_blocks * m->block_size
+                       || !table_in_cache(s->window_tables + r * s->window_stride, window_first(ctx - 1, window), ctx,
+                                          m->block_size, m->window_blocks)))
             return -5;
     }
     return 0;
 }
 
 /* -2 unless every width is a multiple of 8, the heads group evenly (at most 16 query heads per kv head), every
- * matrix is of a type the projections read with its width, and every layer's window and RoPE tables exist. */
+ * matrix is of a type the projections read with its width, and every layer's window and RoPE tables exist, and
+ * any window tables come with their slots and pool. */
 static int check_shape(const ModelShape *m, const LayerRefs *layers, const StepRows *s) {
     const int ok = m->head_dim % LANES == 0 && m->hidden % LANES == 0 && m->ffn % LANES == 0 && m->kv_heads > 0
                    && m->heads % m->kv_heads == 0 && m->heads / m->kv_heads <= MAX_GROUP && m->block_size > 0;
+    if (s->window_tables != NULL && (s->window_slots == NULL || m->window_blocks <= 0)) return -2;
     for (int64_t l = 0; ok && l < m->layers; l++)
         if (layers[l].window < 0 || (layers[l].local_rope && (s->local_cos == NULL || s->local_sin == NULL)))
             return -2;
@@ -295,8 +322,8 @@ static int64_t widest_input(const ModelShape *m) {
  * the new K and V of every layer are written to their slots; the rows of one sequence's chunk (seq_first) attend
  * together. `fast`: the projections in the fast precision (fast_matmul.h), else exact. seconds[TIME_PARTS] gets
  * the time spent in the projections, the attention and the rest (overwritten). Returns 0; -1 out of memory; -2
- * unsupported shape; -3 a context length outside 1..table_stride * block_size; -5 a slot or block outside the
- * cache. */
+ * unsupported shape; -3 a context length outside 1..table_stride * block_size (or window_stride * block_size);
+ * -5 a slot or block outside the cache. */
 int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows *s, float *x, double *seconds,
                    int fast) {
     int64_t total;
@@ -304,14 +331,15 @@ int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows 
     if (check_shape(m, layers, s) != 0) return -2;
     const int64_t max_ctx = max_context(s->context_lens, s->rows, s->table_stride * m->block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
-    if (check_cache_refs(m, s) != 0) return -5;
+    if (s->window_tables != NULL && max_ctx > s->window_stride * m->block_size) return -3;
+    if (check_cache_refs(m, layers, s) != 0) return -5;
     Activations a = {.x = x};
     float *buffers = alloc_activations(&a, m, s->rows);
     const int threads = MAX_THREADS;
     ProjectionWork work;
     const int have_work = projection_work_alloc(&work, s->rows, widest_input(m), threads, fast);
     const int have_groups = have_work && group_rows(s->seq_first, s->context_lens, s->rows, &a.groups);
-    const DecodeShape shape = attention_shape(m, s, 0); /* chunk buffers for whole contexts serve every window */
+    const DecodeShape shape = attention_shape(m, s->table_stride, 0); /* whole contexts' buffers serve any window */
     const int have_chunks = have_groups && chunk_work_alloc(&a.chunks, &shape, a.groups.chunk_context, threads);
     Scratch *scratch = buffers && have_chunks ? alloc_scratch(m, max_ctx, threads) : NULL;
     StageClock clock = {seconds, NOW()};

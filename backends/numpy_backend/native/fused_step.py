@@ -42,7 +42,8 @@ _MATRICES = ("wqkv", "wo", "w_gate_up", "w_down")
 
 class _ModelShape(ctypes.Structure):
     _fields_ = [(name, _I64) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                          "block_size", "num_blocks", "kv_half", "rope_halves", "gelu")] + [
+                                          "block_size", "num_blocks", "window_blocks", "kv_half", "rope_halves",
+                                          "gelu")] + [
         ("eps", ctypes.c_float)]
 
 
@@ -56,7 +57,7 @@ class _LayerRefs(ctypes.Structure):
 class _StepRows(ctypes.Structure):
     _fields_ = [("rows", _I64), ("table_stride", _I64)] + [
         (name, _P) for name in ("cos", "sin", "slots", "block_tables", "context_lens", "seq_first", "local_cos",
-                                "local_sin")]
+                                "local_sin")] + [("window_stride", _I64), ("window_slots", _P), ("window_tables", _P)]
 
 
 class NativeFusedStep:
@@ -94,13 +95,15 @@ class NativeFusedStep:
 
     def run(self, x: np.ndarray, cache: PagedKVCache, cos: np.ndarray, sin: np.ndarray, slots: np.ndarray,
             block_tables: np.ndarray, context_lens: np.ndarray, seq_first: np.ndarray | None = None,
-            local_angles: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+            local_angles: tuple[np.ndarray, np.ndarray] | None = None,
+            window: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """x (rows, hidden) float32: token embeddings (scaled where the architecture scales them) in, final
         hidden states out. Per row (token): cos, sin (rows, head_dim/2) the angles of its position at rope_theta,
         its KV slot, its sequence's block table, how many tokens it attends to (its position + 1), and the first
         row of its sequence (None: each row its own), so that a chunk's rows, consecutive positions of one
         sequence, attend together. local_angles: cos, sin at the sliding layers' RoPE base, where a layer's base
-        is not rope_theta."""
+        is not rope_theta. window: each row's slot (rows,) and its sequence's table (rows, W) in the window pool,
+        which the sliding layers use where the cache keeps them there (its window_layers); None: no window pool."""
         _require(x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable
                  and x.shape == (x.shape[0], self.config.hidden_size), "x must be (rows, hidden) writable float32")
         shape, layers = self._bind(cache)
@@ -115,6 +118,10 @@ class NativeFusedStep:
         local = self._local_angles(local_angles, keep[0].shape)  # alive until the call returns
         rows = _StepRows(len(x), keep[3].shape[1], *(a.ctypes.data for a in keep),
                          None if firsts is None else firsts.ctypes.data, *(a.ctypes.data for a in local))
+        window_refs = self._window_refs(window, cache, len(x))  # alive until the call returns
+        if window_refs:
+            rows.window_stride = window_refs[1].shape[1]
+            rows.window_slots, rows.window_tables = (a.ctypes.data for a in window_refs)
         status = self._fn(ctypes.byref(shape), layers, ctypes.byref(rows), x.ctypes.data,
                           self.last_seconds.ctypes.data, int(self.fast))
         if status != 0:
@@ -131,6 +138,18 @@ class NativeFusedStep:
         _require(all(a.shape == shape for a in local), "local angles shaped as cos and sin")
         return local
 
+    def _window_refs(self, window: tuple[np.ndarray, np.ndarray] | None, cache: PagedKVCache,
+                     rows: int) -> list[np.ndarray]:
+        """The window pool's slots and tables as C reads them; none where the cache has no window pool."""
+        _require((window is not None) == bool(cache.window_layers),
+                 "window slots and tables go with a cache that has a window pool, and only with one")
+        if window is None:
+            return []
+        refs = [c_array(window[0], np.int64), c_array(window[1], np.int32)]
+        _require(refs[0].shape == (rows,) and refs[1].ndim == 2 and len(refs[1]) == rows,
+                 "one row each of window slots and window tables")
+        return refs
+
     def _local_rope(self, layer: int) -> bool:
         return self.config.layer_rope_base(layer) != self.config.rope_theta
 
@@ -145,8 +164,12 @@ class NativeFusedStep:
 
     def _shape(self, cache: PagedKVCache) -> _ModelShape:
         c = self.config
+        sliding = {i for i in range(c.num_layers) if c.layer_window(i) > 0}
+        # C takes a layer with a window to be in the window pool whenever the step brings window tables
+        _require(not cache.window_layers or cache.window_layers == sliding,
+                 "the cache's window pool must hold exactly the sliding layers")
         return _ModelShape(c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                           c.intermediate_size, cache.block_size, cache.num_blocks,
+                           c.intermediate_size, cache.block_size, cache.num_blocks, cache.window_blocks,
                            kv_half(*cache.keys, *cache.values), c.arch.rope_pairs == "halves",
                            c.arch.activation == "gelu_tanh", c.rms_eps)
 

@@ -22,9 +22,8 @@ MAX_GROUP = 16  # query heads per kv head (MAX_GROUP there)
 # context), one thread is quicker than waking a team
 PARALLEL_MIN_TOKENS = 2048
 _ERRORS = {-1: "could not allocate its scratch memory", -2: "unsupported head shape",
-           -3: "context length outside its block table"}
-_CHUNK_ERRORS = {**_ERRORS, -3: "chunk longer than its context, or context outside its block table",
-                 -5: "block outside the cache"}
+           -3: "context length outside its block table", -5: "block outside the cache"}
+_CHUNK_ERRORS = {**_ERRORS, -3: "chunk longer than its context, or context outside its block table"}
 
 
 class NativeAttention:
@@ -39,7 +38,7 @@ class NativeAttention:
         self.library_path = build_library(SOURCE_DIR / "paged_attention.c", self.tier, cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).decode_attention_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64, _I64]
+        self._fn.argtypes = [_P, _P, _P, _P, _P, _P, *[_I64] * 5, ctypes.c_float, _I64, _I64, _I64, _I64, _I64]
         self._chunk_fn = ctypes.CDLL(str(self.library_path)).chunk_attention_f32
         self._chunk_fn.restype = ctypes.c_int
         self._chunk_fn.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, *[_I64] * 4, ctypes.c_float, _I64,
@@ -53,9 +52,10 @@ class NativeAttention:
     def decode(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
                context_lens: np.ndarray, window: int = 0) -> np.ndarray:
         """q (B, heads, d) for one token per sequence -> (B, heads, d); window > 0: over the last `window`
-        positions only. Same contract as the NumPy reference."""
+        positions only. Same contract as the NumPy reference; the blocks read (from the window's first one) must
+        lie in the cache, those before may be anything (-1: given back by a window pool)."""
         batch, heads, dim = q.shape
-        _, block_size, kv_heads, cache_dim = k_cache.shape
+        num_blocks, block_size, kv_heads, cache_dim = k_cache.shape
         _check(np.issubdtype(block_tables.dtype, np.integer) and np.issubdtype(context_lens.dtype, np.integer),
                "block tables and context lengths must be integers")
         q, tables, lens = c_array(q, np.float32), c_array(block_tables, np.int32), c_array(context_lens, np.int32)
@@ -64,7 +64,7 @@ class NativeAttention:
         out = np.empty((batch, heads, dim), np.float32)
         status = self._fn(q.ctypes.data, k_cache.ctypes.data, v_cache.ctypes.data, tables.ctypes.data,
                           lens.ctypes.data, out.ctypes.data, heads, kv_heads, dim, block_size, tables.shape[1],
-                          dim**-0.5, batch, self.parallel_min_tokens, kv_half(k_cache, v_cache), window)
+                          dim**-0.5, batch, self.parallel_min_tokens, kv_half(k_cache, v_cache), window, num_blocks)
         _check_status(status, _ERRORS)
         return out
 

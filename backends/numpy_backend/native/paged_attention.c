@@ -12,11 +12,12 @@
  * threads (claimed one by one: their lengths differ), each with its own scratch; the same team that runs the
  * projections (matmul_rows.c), so no second pool fights it for the cores.
  * Needs head_dim % 8 == 0 and heads / kv_heads <= 16. Returns 0; -1 when scratch memory could not be
- * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size. */
+ * allocated; -2 for an unsupported shape; -3 for a context length outside 1..table_stride * block_size; -5 for a
+ * block the attention reads (with a window, from the window's first position on) outside the cache's num_blocks. */
 int decode_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *block_tables,
                          const int32_t *context_lens, float *out, int64_t heads, int64_t kv_heads, int64_t head_dim,
                          int64_t block_size, int64_t table_stride, float scale, int64_t batch,
-                         int64_t parallel_min_tokens, int64_t kv_half, int64_t window) {
+                         int64_t parallel_min_tokens, int64_t kv_half, int64_t window, int64_t num_blocks) {
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || heads / kv_heads > MAX_GROUP
         || window < 0)
         return -2;
@@ -24,6 +25,10 @@ int decode_attention_f32(const float *q, const void *k_layer, const void *v_laye
     int64_t total;
     const int64_t max_ctx = max_context(context_lens, batch, table_stride * block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
+    for (int64_t b = 0; b < batch; b++)
+        if (!table_in_cache(block_tables + b * table_stride, window_first(context_lens[b] - 1, window), context_lens[b],
+                            block_size, num_blocks))
+            return -5;
     int status = 0;
     int64_t next_row = 0; /* shared by the team: rows are claimed from it */
     (void)parallel_min_tokens; /* read only by the pragma: unused when built without OpenMP */
@@ -48,7 +53,7 @@ int decode_attention_f32(const float *q, const void *k_layer, const void *v_laye
  * `parallel_min_pairs` query-key pairs, the gather and then the (kv head, tile) items are shared out among
  * OpenMP threads. The cache as for decode_attention_f32. Returns 0; -1 when memory could not be allocated; -2
  * for an unsupported shape; -3 when n or context is outside 1..context, 1..table_len * block_size; -5 for a
- * block outside the cache. */
+ * block the chunk reads (with a window, from its first query's window start on) outside the cache. */
 int chunk_attention_f32(const float *q, const void *k_layer, const void *v_layer, const int32_t *table,
                         int64_t table_len, int64_t num_blocks, int64_t context, int64_t n, float *out,
                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t block_size, float scale,
@@ -56,7 +61,7 @@ int chunk_attention_f32(const float *q, const void *k_layer, const void *v_layer
     if (head_dim % LANES != 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || block_size <= 0 || window < 0)
         return -2;
     if (n < 1 || context < n || context > table_len * block_size) return -3;
-    if (!table_in_cache(table, context, block_size, num_blocks)) return -5;
+    if (!table_in_cache(table, window_first(context - n, window), context, block_size, num_blocks)) return -5;
     const ChunkShape c = chunk_geometry(n, context, heads, kv_heads, head_dim, scale, heads * head_dim, kv_half != 0,
                                         window);
     float *keys = malloc(sizeof(float) * (size_t)(2 * kv_heads * c.padded * head_dim));

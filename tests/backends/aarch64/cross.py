@@ -195,11 +195,11 @@ class Batch:
                lens: np.ndarray, parallel_min_tokens: int, window: int = 0) -> Call:
         """decode_attention_f32 over a float32 or float16 cache, as kernels.NativeAttention.decode calls it."""
         batch, heads, dim = q.shape
-        _, block_size, kv_heads, _ = k.shape
+        num_blocks, block_size, kv_heads, _ = k.shape
         return self._queue(["decode", build.attention, *map(self._file, (q, k, v)), self._file(tables.astype(np.int32)),
                             self._file(lens.astype(np.int32)), OUT, heads, kv_heads, dim, block_size,
                             tables.shape[1], float(np.float32(dim**-0.5)).hex(), batch, parallel_min_tokens,
-                            int(k.dtype == np.float16), window], q.shape, np.float32)
+                            int(k.dtype == np.float16), window, num_blocks], q.shape, np.float32)
 
     def chunk(self, build: Build, q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray, context: int,
               parallel_min_pairs: int, window: int = 0) -> Call:

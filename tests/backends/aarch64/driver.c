@@ -66,7 +66,7 @@ static float real(const char *word) { return (float)strtod(word, NULL); } /* hex
 typedef int (*Matmul)(const float *, const uint8_t *, int64_t, int32_t, float *, int64_t, int64_t, int64_t, int);
 typedef int (*Dequantize)(const uint8_t *, int64_t, int32_t, float *, int64_t, int64_t);
 typedef int (*Decode)(const float *, const void *, const void *, const int32_t *, const int32_t *, float *, int64_t,
-                      int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t, int64_t);
+                      int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t, int64_t, int64_t);
 typedef int (*Chunk)(const float *, const void *, const void *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
                      float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t);
 typedef int (*Flag)(void);
@@ -96,7 +96,7 @@ static int call_dequantize(char **a) {
 }
 
 /* decode LIB Q K V TABLES LENS OUT heads kv_heads head_dim block_size table_stride scale batch parallel_min
- * kv_half window: out (batch, heads, head_dim) (decode_attention_f32). */
+ * kv_half window num_blocks: out (batch, heads, head_dim) (decode_attention_f32). */
 static int call_decode(char **a) {
     const int64_t heads = number(a[8]), dim = number(a[10]), batch = number(a[14]);
     float *q = read_file(a[2]), *out = malloc(sizeof(float) * (size_t)(batch * heads * dim));
@@ -104,7 +104,7 @@ static int call_decode(char **a) {
     int32_t *tables = read_file(a[5]), *lens = read_file(a[6]);
     const int status = ((Decode)symbol(a[1], "decode_attention_f32"))(
         q, k, v, tables, lens, out, heads, number(a[9]), dim, number(a[11]), number(a[12]), real(a[13]), batch,
-        number(a[15]), number(a[16]), number(a[17]));
+        number(a[15]), number(a[16]), number(a[17]), number(a[18]));
     write_file(a[7], out, (int64_t)sizeof(float) * batch * heads * dim);
     free(q), free(k), free(v), free(tables), free(lens), free(out);
     return status;
@@ -150,7 +150,7 @@ static int call(char **a, int words) {
     static const struct {
         const char *name;
         int words;
-    } calls[] = {{"matmul", 11}, {"dequantize", 8}, {"decode", 18}, {"chunk", 19}, {"probe", 3},
+    } calls[] = {{"matmul", 11}, {"dequantize", 8}, {"decode", 19}, {"chunk", 19}, {"probe", 3},
                  {"round_to_half", 5}, {"widen_half", 5}};
     int i = 0;
     for (; i < (int)(sizeof calls / sizeof calls[0]); i++)
