@@ -1,11 +1,11 @@
 """kvpool: the paged KV block pool (block ids, ref counts, LRU free queue, prefix caching, COW forks).
 
 Stdlib only; the scheduler drives it through the KVCacheManager protocol, which PagedKVCacheManager and the
-ContiguousKVCacheManager baseline implement (kv_cache_manager_from_config picks the configured one). Only block
-ids leave it.
+ContiguousKVCacheManager baseline implement, and HybridKVCacheManager for a model whose sliding-window layers keep
+their KV in a pool of their own (kv_cache_manager_from_config picks the configured one). Only block ids leave it.
 """
 
-from kvpool.build import kv_cache_manager_from_config, new_kv_cache_manager
+from kvpool.build import StepDemand, kv_cache_manager_from_config, new_hybrid_manager, new_kv_cache_manager
 from kvpool.config import KVPoolConfig
 from kvpool.contiguous import ContiguousKVCacheManager
 from kvpool.errors import (
@@ -15,6 +15,7 @@ from kvpool.errors import (
     NoFreeBlocksError,
     UnknownSequenceError,
 )
+from kvpool.hybrid import HybridKVCacheManager
 from kvpool.manager import KVCacheManager, TableChange
 from kvpool.paged import PagedKVCacheManager
 from kvpool.sizing import KVSpec, parse_size
@@ -23,6 +24,7 @@ from kvpool.stats import KVStats
 __all__ = [
     "ContiguousKVCacheManager",
     "DuplicateSequenceError",
+    "HybridKVCacheManager",
     "KVCacheManager",
     "KVInvariantError",
     "KVPoolConfig",
@@ -31,9 +33,11 @@ __all__ = [
     "KVStats",
     "NoFreeBlocksError",
     "PagedKVCacheManager",
+    "StepDemand",
     "TableChange",
     "UnknownSequenceError",
     "kv_cache_manager_from_config",
+    "new_hybrid_manager",
     "new_kv_cache_manager",
     "parse_size",
 ]

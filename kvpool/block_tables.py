@@ -20,6 +20,8 @@ class BlockTables(ABC):
     blocks a table of n tokens holds).
     """
 
+    group = 0  # what TableChanges from these tables carry (kvpool/manager.py)
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -37,21 +39,28 @@ class BlockTables(ABC):
 
     def can_allocate(self, token_ids: Sequence[int], num_tokens: int) -> bool:
         _check_token_count(token_ids, num_tokens)
-        cached = self._cached_prefix(token_ids)[0]
+        return self.can_admit(self._cached_prefix(token_ids)[0], num_tokens)
+
+    def can_admit(self, cached: list[int], num_tokens: int) -> bool:
+        """Whether a sequence starting from these cached blocks would get blocks for num_tokens tokens."""
         return self._admission_need(cached, num_tokens) <= self._available(cached)
 
     def allocate(self, seq_id: int, token_ids: Sequence[int], num_tokens: int) -> int:
         """Table for a new sequence: the cached prefix first, then new blocks up to num_tokens tokens. Returns the
         tokens the prefix cache served; the table covers max(num_tokens, those). Raises NoFreeBlocksError with
         state unchanged."""
+        _check_token_count(token_ids, num_tokens)
+        return self.admit(seq_id, token_ids, num_tokens, *self._cached_prefix(token_ids))
+
+    def admit(self, seq_id: int, token_ids: Sequence[int], num_tokens: int, cached: list[int],
+              hashes: list[bytes]) -> int:
+        """allocate() from a cached prefix the caller looked up (its blocks and their chain hashes)."""
         if seq_id in self._tables:
             raise DuplicateSequenceError(f"sequence {seq_id} already has a block table")
-        _check_token_count(token_ids, num_tokens)
-        cached, hashes = self._cached_prefix(token_ids)
         num_new = self._admission_need(cached, num_tokens)
         if num_new > self._available(cached):
             raise NoFreeBlocksError(f"sequence {seq_id}: not enough free blocks for {num_tokens} tokens")
-        self._pool.touch(cached)  # revive cached blocks before allocate() could evict them
+        self._pool.touch(self._live(cached))  # revive cached blocks before allocate() could evict them
         cached_tokens = len(cached) * self.block_size
         table = SeqTable(cached + self._pool.allocate(num_new), max(num_tokens, cached_tokens), hashes)
         self._tables[seq_id] = table
@@ -59,13 +68,18 @@ class BlockTables(ABC):
         self._counters.record(len(token_ids), cached_tokens)
         return cached_tokens
 
+    @staticmethod
+    def _live(blocks: list[int]) -> list[int]:
+        """The blocks a table holds references to: all of them, except in a windowed table (kvpool/window.py)."""
+        return blocks
+
     def _admission_need(self, cached: list[int], num_tokens: int) -> int:
         """New blocks an admission takes besides the cached ones."""
         return self._blocks_to_cover(max(num_tokens, len(cached) * self.block_size)) - len(cached)
 
     def _available(self, cached: list[int]) -> int:
         # Reviving a free cached block takes it out of the free queue, so it is not free capacity.
-        return self._pool.num_free() - self._pool.num_free_among(cached)
+        return self._pool.num_free() - self._pool.num_free_among(self._live(cached))
 
     def _blocks_to_cover(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
@@ -115,7 +129,7 @@ class BlockTables(ABC):
         if grow:
             table.blocks.extend(self._pool.allocate(grow))
         blocks = table.blocks
-        changes.extend((index, j, blocks[j]) for j in [*shared, *range(len(blocks) - grow, len(blocks))])
+        changes.extend((index, j, blocks[j], self.group) for j in [*shared, *range(len(blocks) - grow, len(blocks))])
 
     def _copy_on_write(self, table: SeqTable, indices: list[int]) -> None:
         for index in indices:
@@ -145,7 +159,7 @@ class BlockTables(ABC):
         del table.blocks[keep:]
         del table.hashes[num_tokens // self.block_size :]
         table.num_tokens = num_tokens
-        self._pool.release(reversed(dropped))
+        self._pool.release(reversed(self._live(dropped)))
         self._register_full_blocks(table, token_ids)
         return list(table.blocks)
 
@@ -156,7 +170,7 @@ class BlockTables(ABC):
         if child_id in self._tables:
             raise DuplicateSequenceError(f"sequence {child_id} already has a block table")
         table = self._table(parent_id).copy()
-        self._pool.touch(table.blocks)
+        self._pool.touch(self._live(table.blocks))
         self._tables[child_id] = table
 
     def free(self, seq_id: int) -> None:
@@ -164,7 +178,7 @@ class BlockTables(ABC):
         table = self._tables.pop(seq_id, None)
         if table is None:
             raise UnknownSequenceError(seq_id)
-        self._pool.release(reversed(table.blocks))
+        self._pool.release(reversed(self._live(table.blocks)))
 
     def reset_prefix_cache(self) -> None:
         self._pool.reset_hashes()
@@ -182,6 +196,28 @@ class BlockTables(ABC):
 
     def block_map(self) -> str:
         return self._pool.state_map()
+
+    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[int], list[bytes]]:
+        """The longest cached prefix of a prompt: its blocks and their chain hashes."""
+        return self._cached_prefix(token_ids)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._table(seq_id).num_tokens
+
+    def table_length(self, seq_id: int) -> int:
+        return len(self._table(seq_id).blocks)
+
+    def tokens_by_sequence(self) -> dict[int, int]:
+        return {seq_id: table.num_tokens for seq_id, table in self._tables.items()}
+
+    # One pool for every layer: no window pool (kvpool/hybrid.py has one).
+    window_blocks = 0
+
+    def window_table(self, seq_id: int) -> list[int]:
+        return []
+
+    def take_window_block_copies(self) -> list[tuple[int, int]]:
+        return []
 
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self._tables

@@ -7,7 +7,10 @@ from typing import Protocol
 
 from kvpool.stats import KVStats
 
-TableChange = tuple[int, int, int]  # one block table entry an append set: (index into its seq_ids, block index, id)
+# One block table entry an append set: (index into its seq_ids, block index, block id, group). Group 0 is the
+# table every layer reads, or the full-attention layers' where the sliding layers have a pool of their own (group
+# 1, see kvpool/hybrid.py); a block id of -1 there is a block given back from behind the window.
+TableChange = tuple[int, int, int, int]
 
 
 class KVCacheManager(Protocol):
@@ -20,7 +23,9 @@ class KVCacheManager(Protocol):
       count may reach past the tokens known (speculative tokens): blocks are published in the prefix cache only
       once the tokens they hold are known, and `truncate()` gives back the slots of those rejected.
     - `take_block_copies()`: the (src, dst) copies that forks' copy-on-write queued; the backend runs them
-      before the step's KV writes.
+      before the step's KV writes (`take_window_block_copies()`: those in the sliding layers' pool).
+    - `window_blocks`, `window_table()`: where the sliding-window layers keep their KV in a pool of their own
+      (HybridKVCacheManager), its size and each sequence's table there, which `append` reports as group 1.
     - `fork()` shares a table with a new sequence; `free()` gives a table's blocks back.
     - `block_map()` is every block's state, for the live dashboard and /metrics' cached and shared counts;
     - `stats()` is the read-only snapshot metrics read; `check_invariants()` checks the bookkeeping, O(blocks).
@@ -34,6 +39,17 @@ class KVCacheManager(Protocol):
 
     @property
     def max_sequence_tokens(self) -> int: ...
+
+    @property
+    def window_blocks(self) -> int:
+        """Blocks of the sliding layers' own pool (kvpool/hybrid.py); 0: every layer's KV is in the one pool."""
+        ...
+
+    def window_table(self, seq_id: int) -> list[int]:
+        """The sliding layers' table of a sequence where they have a pool of their own (-1: given back)."""
+        ...
+
+    def take_window_block_copies(self) -> list[tuple[int, int]]: ...
 
     def num_cached_tokens(self, token_ids: Sequence[int]) -> int: ...
 

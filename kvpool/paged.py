@@ -56,7 +56,7 @@ class PagedKVCacheManager(BlockTables):
                       ) -> None:
         """A decode token that starts a new block (the table full)."""
         block = self._pool.allocate_one()
-        changes.append((index, len(table.blocks), block))
+        changes.append((index, len(table.blocks), block, self.group))
         table.blocks.append(block)
         table.num_tokens += 1
         if self._caching and table.num_tokens // self.block_size > len(table.hashes):  # block_size 1: full now

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -28,6 +28,12 @@ class KVStats:
     prefix_hits: int  # of those, tokens served from the cache
     hit_rate: float  # prefix_hits / prefix_queries (0 before any query)
     evictions: int  # cached blocks whose hash was dropped to reuse the block
+    # The sliding layers' own pool, where they have one (kvpool/hybrid.py; the fields above are the full layers')
+    window_blocks: int = 0
+    window_used_blocks: int = 0
+
+    def with_window(self, num_blocks: int, used_blocks: int) -> KVStats:
+        return replace(self, window_blocks=num_blocks, window_used_blocks=used_blocks)
 
     @classmethod
     def build(

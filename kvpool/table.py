@@ -10,9 +10,10 @@ class SeqTable:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0  # tokens the table covers (slots handed out so far)
     hashes: list[bytes] = field(default_factory=list)  # chain hashes of its full blocks (when caching)
+    dead: int = 0  # leading entries given back (-1) from behind a sliding window (kvpool/window.py)
 
     def copy(self) -> SeqTable:
-        return SeqTable(list(self.blocks), self.num_tokens, list(self.hashes))
+        return SeqTable(list(self.blocks), self.num_tokens, list(self.hashes), self.dead)
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

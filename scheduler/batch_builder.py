@@ -8,6 +8,7 @@ builds no object per sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,10 @@ class _Layout:
     guessed: list[list[int]] | None = None  # per sample row, the guesses before its position
 
 
+# A step's pending copy-on-write copies (src, dst): the KV pool's, and the sliding layers' pool's where it exists
+BlockCopies = tuple[list[tuple[int, int]], list[tuple[int, int]] | None]
+
+
 @dataclass(frozen=True)
 class Built:
     """A step's StepBatch and what the scheduler keeps of its layout."""
@@ -70,9 +75,10 @@ class Built:
 
 def build_batch(step_id: int, seqs: list[Sequence], seq_ids: list[int], rows: LongArray, starts: IntArray,
                 counts: IntArray, persistent: PersistentBatch, block_size: int,
-                block_copies: list[tuple[int, int]], drafts: Drafts | None = None) -> Built:
+                block_copies: BlockCopies, drafts: Drafts | None = None) -> Built:
     """The step that computes counts[i] tokens of seqs[i] (row rows[i]) from position starts[i], the last
-    drafts.counts[i] of them guesses."""
+    drafts.counts[i] of them guesses. block_copies: the KV pool's pending copies, and those of the sliding
+    layers' pool where they have one (their tables and slots go with the step then)."""
     layout = _lay_out(seqs, rows, starts, counts, persistent, drafts)
     sampling = None
     if layout.sampled:
@@ -88,11 +94,22 @@ def build_batch(step_id: int, seqs: list[Sequence], seq_ids: list[int], rows: Lo
         block_tables=persistent.blocks.padded(rows),
         sample_rows=layout.sample_rows,
         sampling=sampling,
-        block_copies=tuple(block_copies),
+        block_copies=tuple(block_copies[0]),
         step_id=step_id,
         sample_lag=layout.sample_lag,
+        **_window_fields(persistent, rows, layout, block_size, block_copies[1]),
     )
     return Built(batch, layout.sampled, layout.forks, layout.prefill, layout.verify)
+
+
+def _window_fields(persistent: PersistentBatch, rows: LongArray, layout: _Layout, block_size: int,
+                   copies: list[tuple[int, int]] | None) -> dict[str, Any]:
+    """The sliding layers' tables, slots and copies, where they have a pool of their own (copies not None)."""
+    if copies is None:
+        return {}
+    tables = persistent.window_blocks
+    return {"window_tables": tables.padded(rows), "window_block_copies": tuple(copies),
+            "window_slots": tables.slots(layout.token_rows, layout.positions, block_size)}
 
 
 def _lay_out(seqs: list[Sequence], rows: LongArray, starts: IntArray, counts: IntArray,

@@ -45,6 +45,8 @@ class BlockTable:
         self.num_blocks[row] = len(blocks)
 
     def clear_row(self, row: int) -> None:
+        if row >= len(self.num_blocks):  # never set (the window tables of a model without a window pool)
+            return
         self.table[row, : self.num_blocks[row]] = 0
         self.num_blocks[row] = 0
 

@@ -17,7 +17,7 @@ from backends.step_shape import CostCoefficients, StepShape
 from kvpool import KVCacheManager
 from scheduler.batch_builder import Drafts
 from scheduler.draft import DraftJob
-from scheduler.persistent_batch import PersistentBatch
+from scheduler.persistent_batch import PersistentBatch, kv_tables
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.speculation import Speculator
 from scheduler.step import SchedulerPlan
@@ -125,6 +125,7 @@ def settle_guesses(plan: SchedulerPlan, accepted: list[int], speculator: Specula
 def _give_back(seq: Sequence, rejected: int, kv: KVCacheManager, persistent: PersistentBatch) -> None:
     row = seq.row
     persistent.computed[row] -= rejected
-    persistent.blocks.set_row(row, kv.truncate(seq.seq_id, int(persistent.computed[row]), seq.token_ids))
+    kv.truncate(seq.seq_id, int(persistent.computed[row]), seq.token_ids)
+    persistent.set_tables(row, *kv_tables(kv, seq.seq_id))
     if rejected and persistent.sampling.random[row]:
         persistent.sampling.ahead.give_back(row, rejected)

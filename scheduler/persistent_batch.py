@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from backends.base import LongArray, SamplingInputs
-from kvpool import TableChange
+from kvpool import KVCacheManager, TableChange
 from scheduler.block_table import BlockTable, Index, grown
 from scheduler.sampling_inputs import SamplingColumns
 from scheduler.sequence import Sequence
@@ -43,6 +43,7 @@ class PersistentBatch:
     eos_ids: frozenset[int]
     max_model_len: int
     blocks: BlockTable = field(default_factory=BlockTable)
+    window_blocks: BlockTable = field(default_factory=BlockTable)  # the sliding layers' tables, where they have a pool
     sampling: SamplingColumns = field(default_factory=SamplingColumns)
     stops: StopColumns = field(init=False)
     prompt_lens: LongArray = field(default_factory=_column)
@@ -57,8 +58,8 @@ class PersistentBatch:
         self.stops = StopColumns(self.eos_ids, self.max_model_len)
 
     # --- rows changing hands ---------------------------------------------------------------------
-    def add(self, seq: Sequence, blocks: list[int], computed: int) -> None:
-        """A row for a sequence that starts running, with its block table as the KV pool has it and the tokens
+    def add(self, seq: Sequence, blocks: list[int], computed: int, window_blocks: list[int] | None = None) -> None:
+        """A row for a sequence that starts running, with its block tables as the KV pool has them and the tokens
         whose KV it already holds (a cached prefix, or a forked parent's)."""
         row = self._free.pop() if self._free else len(self.seqs)
         if row == len(self.seqs):
@@ -67,7 +68,7 @@ class PersistentBatch:
         self.seqs[row], seq.row, seq.counters = seq, row, self
         self.prompt_lens[row], self.computed[row] = seq.prompt_len, computed
         self.num_tokens[row], self.last[row] = len(seq.token_ids), seq.token_ids[-1]
-        self.blocks.set_row(row, blocks)
+        self.set_tables(row, blocks, window_blocks)
         self.sampling.set_row(row, seq)
         self.stops.set_row(row, seq)
         self.version += 1
@@ -76,6 +77,7 @@ class PersistentBatch:
         """The sequence stops running: its row goes back, and with it its computed count (its KV is freed)."""
         row = seq.row
         self.blocks.clear_row(row)
+        self.window_blocks.clear_row(row)
         self.sampling.clear_row(row, seq)
         self.seqs[row], seq.row, seq.counters = None, -1, None
         self._free.append(row)
@@ -93,11 +95,23 @@ class PersistentBatch:
         self.num_tokens[rows] += 1
         self.last[rows] = token_array
 
+    def set_tables(self, row: int, blocks: list[int], window_blocks: list[int] | None = None) -> None:
+        """A row's tables, whole, as the KV pool has them (window_blocks: where the sliding layers have a pool)."""
+        self.blocks.set_row(row, blocks)
+        if window_blocks is not None:
+            self.window_blocks.set_row(row, window_blocks)
+
     def patch_blocks(self, rows: LongArray, changes: list[TableChange]) -> None:
-        """Apply KVCacheManager.append's changes: (index into rows, block index, block id)."""
-        if changes:
-            index, positions, blocks = np.array(changes, np.int64).T
+        """Apply KVCacheManager.append's changes: (index into rows, block index, block id, group)."""
+        if not changes:
+            return
+        index, positions, blocks, groups = np.array(changes, np.int64).T
+        if not groups.any():
             self.blocks.patch(rows[index], positions, blocks)
+            return
+        for table, mine in ((self.blocks, groups == 0), (self.window_blocks, groups == 1)):
+            if mine.any():
+                table.patch(rows[index[mine]], positions[mine], blocks[mine])
 
     def sampling_inputs(self, rows: Index, seqs: list[Sequence], forked: list[int],
                         guessed: Seq[Seq[int]] | None = None) -> SamplingInputs:
@@ -105,14 +119,19 @@ class PersistentBatch:
         return self.sampling.inputs(rows, seqs, forked, self.eos_ids, self.version, self.seqs, guessed)
 
     # --- checking ----------------------------------------------------------------------------------
-    def check(self, running: list[Sequence], kv_tables: dict[int, list[int]], block_size: int) -> None:
-        """A row per running sequence and none else, each indexing its tokens and its KV pool block table, and
+    def check(self, running: list[Sequence], kv_tables: dict[int, list[int]], block_size: int,
+              window_tables: dict[int, list[int]] | None = None) -> None:
+        """A row per running sequence and none else, each indexing its tokens and its KV pool block tables, and
         counting no more computed tokens than those blocks hold (O(rows)). Raises RowMismatchError."""
         taken = [seq for seq in self.seqs if seq is not None]
         _expect(sorted(s.seq_id for s in taken) == sorted(s.seq_id for s in running),
                 "the rows do not hold exactly the running sequences")
         for seq in running:
             self._check_row(seq, kv_tables[seq.seq_id], block_size)
+            if window_tables is not None:
+                row = self.window_blocks.row(seq.row)
+                _expect(row == window_tables[seq.seq_id],
+                        f"seq {seq.seq_id}: window row {row}, KV pool {window_tables[seq.seq_id]}")
 
     def _check_row(self, seq: Sequence, table: list[int], block_size: int) -> None:
         row = seq.row
@@ -135,3 +154,9 @@ class PersistentBatch:
 def _expect(ok: bool, message: str) -> None:
     if not ok:
         raise RowMismatchError(message)
+
+
+def kv_tables(kv: KVCacheManager, seq_id: int) -> tuple[list[int], list[int] | None]:
+    """A sequence's tables as the KV pool has them: its block table, and its window table where the sliding
+    layers have a pool of their own (else None)."""
+    return kv.block_table(seq_id), kv.window_table(seq_id) if kv.window_blocks else None

@@ -32,13 +32,13 @@ import numpy as np
 from backends.base import IntArray, LongArray, StepOutput
 from backends.step_shape import StepShape
 from kvpool import KVCacheManager
-from scheduler.batch_builder import Drafts, build_batch
+from scheduler.batch_builder import BlockCopies, Drafts, build_batch
 from scheduler.config import SchedulerConfig, SpeculativeConfig
 from scheduler.draft import DraftJob, DraftModel
 from scheduler.guesses import Proposals, draft_jobs, drafts_of, propose, settle_guesses
 from scheduler.guided import PendingMasks
 from scheduler.itl_target import ItlTarget, resolve_itl_target
-from scheduler.persistent_batch import PersistentBatch
+from scheduler.persistent_batch import PersistentBatch, kv_tables
 from scheduler.prefill_time import PrefillTime
 from scheduler.sequence import Sequence, SequenceStatus
 from scheduler.speculation import Speculator
@@ -159,7 +159,7 @@ class Scheduler:
         budget = self._schedule_running(self.config.max_num_batched_tokens, chosen, evicted, time, proposals)
         if not evicted and self._may_admit():
             self._admit(budget, chosen, time)
-        copies = self.kv.take_block_copies()
+        copies = self.kv.take_block_copies(), self.kv.take_window_block_copies() if self.kv.window_blocks else None
         preempted, failed = _split_evicted(evicted) if evicted else (evicted, [])
         if not chosen.seqs:
             return SchedulerPlan(self._step_id, None, preempted=preempted, failed=failed)
@@ -212,7 +212,7 @@ class Scheduler:
         self.rows.patch_blocks(rows, changes)
         for i in given_back:
             if i < k:  # its table shrank after the changes above were recorded
-                self.rows.blocks.set_row(int(rows[i]), self.kv.block_table(ids[i]))
+                self.rows.set_tables(int(rows[i]), *kv_tables(self.kv, ids[i]))
         return k, counts
 
     def _give_back_guesses(self, ids: tuple[int, ...], rows: LongArray, counts: LongArray, unguessed: LongArray
@@ -258,7 +258,7 @@ class Scheduler:
         self._insert_running(seq, cached)
         chosen.add(seq, cached, num_tokens - cached)
 
-    def _plan(self, chosen: _Chosen, copies: list[tuple[int, int]], preempted: list[Sequence],
+    def _plan(self, chosen: _Chosen, copies: BlockCopies, preempted: list[Sequence],
               failed: list[Sequence]) -> SchedulerPlan:
         rows, starts, counts = chosen.columns()
         self.rows.advance(rows, starts + counts)  # the backend computes them before the next plan
@@ -420,7 +420,8 @@ class Scheduler:
         """The persistent rows index exactly the running sequences, their tokens and their KV pool block tables
         (O(rows)); raises RowMismatchError."""
         tables = {s.seq_id: self.kv.block_table(s.seq_id) for s in self.running}
-        self.rows.check(self.running, tables, self.kv.block_size)
+        windows = {s.seq_id: self.kv.window_table(s.seq_id) for s in self.running} if self.kv.window_blocks else None
+        self.rows.check(self.running, tables, self.kv.block_size, windows)
 
     # --- queues ----------------------------------------------------------------------------------
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
@@ -441,7 +442,8 @@ class Scheduler:
             self.running.insert(bisect.bisect(keys, seq.sort_key(True)), seq)
         else:
             self.running.append(seq)
-        self.rows.add(seq, self.kv.block_table(seq.seq_id), computed)
+        blocks, window = kv_tables(self.kv, seq.seq_id)
+        self.rows.add(seq, blocks, computed, window)
 
     def _evict(self, seq: Sequence) -> None:
         """Take the sequence's blocks back: it waits to be recomputed, or, preempted too often, it ends."""

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from backends.base import AllowedTokens, IntArray, SamplingInputs, StepBatch, StepOutput
+from backends.base import AllowedTokens, IntArray, LongArray, SamplingInputs, StepBatch, StepOutput
 
 Rows = npt.NDArray[np.intp]  # indices into a step's sequences or its sampled entries
 RunPart = Callable[[StepBatch], Awaitable[StepOutput | None]]  # a sub-step's output; None when it failed
@@ -74,14 +74,22 @@ def units_of(batch: StepBatch, request_ids: Sequence[str], block_size: int) -> l
     first_row: dict[str, int] = {}
     for row, request_id in enumerate(request_ids):
         owner.join(row, first_row.setdefault(request_id, row))
-    written = set((batch.slot_mapping // block_size).tolist())
+    _join_readers(owner, batch, batch.block_tables, batch.slot_mapping, block_size)
+    if batch.window_tables is not None and batch.window_slots is not None:  # the sliding layers' own pool
+        _join_readers(owner, batch, batch.window_tables, batch.window_slots, block_size)
+    return owner.groups()
+
+
+def _join_readers(owner: _UnionFind, batch: StepBatch, tables: IntArray, slots: LongArray, block_size: int
+                  ) -> None:
+    """Join each row with the first row that holds a block this step writes (through one pool's tables)."""
+    written = set((slots // block_size).tolist())
     holder: dict[int, int] = {}
     for row in range(batch.num_seqs):
         used = -(-int(batch.context_lens[row]) // block_size)
-        for block in batch.block_tables[row, :used].tolist():
+        for block in tables[row, :used].tolist():
             if block in written:
                 owner.join(row, holder.setdefault(block, row))
-    return owner.groups()
 
 
 def sub_batch(batch: StepBatch, rows: Rows, block_size: int) -> StepBatch:
@@ -100,7 +108,18 @@ def sub_batch(batch: StepBatch, rows: Rows, block_size: int) -> StepBatch:
         # no sampled row: no inputs, as in any step that samples nothing (a backend then returns no logprobs)
         sampling=None if batch.sampling is None or not kept.size else _sub_sampling(batch.sampling, kept),
         # a copy belongs to the row that writes its destination; re-doing another's would undo that row's writes
-        block_copies=tuple(c for c in batch.block_copies if c[1] in written))
+        block_copies=tuple(c for c in batch.block_copies if c[1] in written), **_window_part(batch, rows, tokens,
+                                                                                          block_size))
+
+
+def _window_part(batch: StepBatch, rows: Rows, tokens: Rows, block_size: int) -> dict[str, Any]:
+    """sub_batch's sliding-layer tables, slots and copies, where the step has them."""
+    if batch.window_tables is None or batch.window_slots is None:
+        return {}
+    slots = batch.window_slots[tokens]
+    written = set((slots // block_size).tolist())
+    return {"window_tables": batch.window_tables[rows], "window_slots": slots,
+            "window_block_copies": tuple(c for c in batch.window_block_copies if c[1] in written)}
 
 
 def _sub_sampling(sampling: SamplingInputs, kept: Rows) -> SamplingInputs:

@@ -13,7 +13,7 @@ from typing import cast
 from backends.base import Backend
 from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
 from backends.registry import create_backend
-from kvpool import KVCacheManager, KVSpec, kv_cache_manager_from_config, new_kv_cache_manager
+from kvpool import KVCacheManager, KVSpec, StepDemand, kv_cache_manager_from_config, new_kv_cache_manager
 from scheduler.calibration import calibrate
 from scheduler.draft import DraftModel
 from scheduler.engine import Engine
@@ -58,15 +58,38 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
         _, files = open_model(config.backend.model, config.backend.chat_template)
     backend = create_backend(config.backend, files)
     max_len = config.scheduler.max_model_len or files.config.context_length
-    geo = backend.kv_geometry
-    spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size)
-    kv = kv_cache_manager_from_config(config.kv, spec, max_len)
-    backend.init_cache(kv.num_blocks, config.kv.block_size)
-    log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB at %d bytes a value, %s layout)",
-             kv.num_blocks, config.kv.block_size, kv.num_blocks * config.kv.block_size,
-             kv.num_blocks * spec.bytes_per_block / 2**20, geo.dtype_bytes, config.kv.kv_layout)
+    kv, spec = build_kv(config, backend, max_len)
+    backend.init_cache(kv.num_blocks, config.kv.block_size, kv.window_blocks)
+    log_kv(config, kv, spec)
     draft = build_draft(config, files, kv, max_len) if config.speculative.draft_model is not None else None
     return ModelParts(files, backend, kv, max_len, draft)
+
+
+def build_kv(config: AppConfig, backend: Backend, max_model_len: int) -> tuple[KVCacheManager, KVSpec]:
+    """The KV pool for the backend's geometry: with sliding layers a paged pool can keep apart, theirs sized for
+    max_num_seqs windows and a step's chunks; a pool too small for one sequence's window is refused in one line."""
+    geo, sched = backend.kv_geometry, config.scheduler
+    spec = KVSpec(geo.num_layers, geo.num_kv_heads, geo.head_dim, geo.dtype_bytes, config.kv.block_size,
+                  window_layers=geo.window_layers, sliding_window=geo.sliding_window if geo.window_layers else 0)
+    demand = StepDemand(sched.max_num_seqs, sched.max_num_batched_tokens)
+    try:
+        return kv_cache_manager_from_config(config.kv, spec, max_model_len, demand=demand), spec
+    except ValueError as error:
+        raise ConfigError(f"kv: {error}") from None
+
+
+def log_kv(config: AppConfig, kv: KVCacheManager, spec: KVSpec) -> None:
+    block, layout = config.kv.block_size, config.kv.kv_layout
+    if not kv.window_blocks:
+        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB at %d bytes a value, %s layout)",
+                 kv.num_blocks, block, kv.num_blocks * block, kv.num_blocks * spec.bytes_per_block / 2**20,
+                 spec.dtype_bytes, layout)
+        return
+    full_layers = spec.num_layers - spec.window_layers
+    mib = spec.bytes_per_layer_block * (kv.num_blocks * full_layers + kv.window_blocks * spec.window_layers) / 2**20
+    log.info("KV cache: %d blocks of %d tokens for the %d full-attention layers (%d tokens), %d blocks for the %d "
+             "sliding layers' %d-position windows; %.1f MiB at %d bytes a value", kv.num_blocks, block, full_layers,
+             kv.num_blocks * block, kv.window_blocks, spec.window_layers, spec.sliding_window, mib, spec.dtype_bytes)
 
 
 def build_draft(config: AppConfig, files: ModelFiles, kv: KVCacheManager, max_model_len: int) -> DraftModel:

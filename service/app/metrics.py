@@ -60,6 +60,12 @@ def _engine_gauges(stats: EngineStats | None) -> Iterator[Metric]:
     yield GaugeMetricFamily(PREFIX + "kv_cache_blocks_shared", "KV cache blocks in use by more than one sequence "
                             "(counted in kv_cache_blocks{state=\"used\"})",
                             value=stats.kv_shared_blocks if stats is not None else 0)
+    window = GaugeMetricFamily(PREFIX + "kv_cache_window_blocks", "Blocks of the sliding-window layers' own pool "
+                               "by state (a model with both kinds of layer; the kv_cache_blocks series count the "
+                               "full-attention layers' pool then)", labels=["state"])
+    window.add_metric(["used"], kv.window_used_blocks if kv is not None else 0)
+    window.add_metric(["free"], kv.window_blocks - kv.window_used_blocks if kv is not None else 0)
+    yield window
 
 
 def _speculation(counters: SpecCounters) -> Iterator[Metric]:

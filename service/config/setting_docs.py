@@ -149,7 +149,12 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "invariants; a mismatch fails the engine (slow: for debugging)"),
     "kv.block_size": SettingDoc("tokens per KV cache block"),
     "kv.kv_cache_memory": SettingDoc("memory for the KV cache", values="size (2GiB, 512MiB, ...)"),
-    "kv.num_blocks": SettingDoc("KV cache blocks, instead of the memory budget"),
+    "kv.num_blocks": SettingDoc("KV cache blocks, instead of the memory budget (the full-attention layers' "
+                                "where the sliding-window layers have a pool of their own)"),
+    "kv.num_window_blocks": SettingDoc("blocks of the sliding-window layers' own pool (a model with both kinds of "
+                                       "layer, such as Gemma 3, in the paged layout); unset: enough for "
+                                       "max_num_seqs windows and one step's prompt chunks, and the full-attention "
+                                       "layers get the rest of the memory budget"),
     "kv.enable_prefix_caching": SettingDoc("reuse the KV blocks of a prompt prefix already computed"),
     "kv.kv_layout": SettingDoc("paged (blocks as a sequence grows) or contiguous (each sequence reserves "
                                "max_model_len: the baseline without paging)", choices=KV_LAYOUTS),

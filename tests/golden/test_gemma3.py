@@ -16,7 +16,8 @@ import pytest
 from backends.manual_batch import SeqState, make_batch
 from backends.model.loader import LoadedModel, ModelFiles
 from backends.numpy_backend.backend import NumpyBackend
-from kvpool import PagedKVCacheManager
+from kvpool import HybridKVCacheManager, PagedKVCacheManager, TableChange, new_hybrid_manager
+from kvpool.window import NO_BLOCK
 from scheduler.config import SchedulerConfig
 from scheduler.llm import LLM
 from scheduler.params import SamplingParams
@@ -105,6 +106,43 @@ def test_together_on_a_small_pool_with_prefixes_shared(model: LoadedModel, backe
     for out, case in zip(outs, cases * 2, strict=True):
         sure = min(steps, decided(case["greedy"]))
         assert list(out.choices[0].token_ids)[:sure] == case["greedy"]["ids"][:sure]
+
+
+def test_with_the_sliding_layers_in_a_pool_of_their_own(model: LoadedModel) -> None:
+    """The long prompt twice and the short ones, all in flight at once, with the sliding layers' KV in a pool of
+    their own smaller than the two long prompts' tables: those give back the blocks that fall behind the window
+    as they run (which the long prompt's continuation depends on: the test below), sequences are preempted and
+    recomputed on both pools, prefixes served from both; every continuation is still the reference's."""
+    backend = NumpyBackend(model)
+    window = model.files.config.sliding_window
+    kv = new_hybrid_manager(56, 70, BLOCK, window, step_tokens=SchedulerConfig().max_num_batched_tokens)
+    backend.init_cache(kv.num_blocks, BLOCK, kv.window_blocks)
+    given_back = _count_given_back(kv)
+    cases = [PROMPTS["window"]] * 2 + [PROMPTS[name] for name in sorted(PROMPTS) if name != "window"]
+    assert 2 * -(-len(PROMPTS["window"]["token_ids"]) // BLOCK) > kv.window_blocks
+    observer, steps = PreemptionCounter(), 24
+    llm = LLM(SchedulerConfig(), kv, backend, model.files.tokenizer, max_model_len=1024, observer=observer)
+    outs = llm.generate([c["token_ids"] for c in cases], SamplingParams(temperature=0.0, max_tokens=steps,
+                                                                        ignore_eos=True))
+    assert observer.preempted and given_back and kv.stats().prefix_hits > 0
+    assert kv.stats().used_blocks == 0 and kv.stats().window_used_blocks == 0
+    for out, case in zip(outs, cases, strict=True):
+        sure = min(steps, decided(case["greedy"]))
+        assert list(out.choices[0].token_ids)[:sure] == case["greedy"]["ids"][:sure], case["name"]
+
+
+def _count_given_back(kv: HybridKVCacheManager) -> list[TableChange]:
+    """The window table entries the pool's appends give back, as they happen."""
+    seen: list[TableChange] = []
+    append = kv.append
+
+    def counting(*args: Any, **kwargs: Any) -> tuple[int, list[TableChange]]:
+        done, changes = append(*args, **kwargs)
+        seen.extend(c for c in changes if c[3] == 1 and c[2] == NO_BLOCK)
+        return done, changes
+
+    kv.append = counting  # type: ignore[method-assign]
+    return seen
 
 
 def test_the_long_prompt_needs_the_window() -> None:

@@ -22,7 +22,7 @@ def test_a_token_starting_a_block_reports_the_new_entry() -> None:
     tokens = list(range(8))
     manager.allocate(1, tokens, 8)
     tokens.append(8)
-    assert manager.append([1], [tokens], [1]) == (1, [(0, 2, manager.block_table(1)[2])])
+    assert manager.append([1], [tokens], [1]) == (1, [(0, 2, manager.block_table(1)[2], 0)])
     manager.check_invariants()
 
 
@@ -49,7 +49,7 @@ def test_stops_at_the_first_sequence_out_of_blocks() -> None:
     after = snapshot(manager, [1, 2])
     assert after[1:] == before[1:]  # type: ignore[index]  # snapshot() is typed as object
     manager.free(3)  # the caller frees blocks, then resumes where it stopped
-    assert manager.append([3, 1, 2], [seqs[3], seqs[1], seqs[2]], [1, 1, 1], 1) == (2, [(1, 1, 2)])
+    assert manager.append([3, 1, 2], [seqs[3], seqs[1], seqs[2]], [1, 1, 1], 1) == (2, [(1, 1, 2, 0)])
     assert manager.block_table(1) == [0, 2]  # seq 3's block: seq 2 still finds none
     manager.check_invariants()
 
@@ -60,7 +60,7 @@ def test_copy_on_write_is_a_change_and_a_copy() -> None:
     manager.allocate(1, parent, 6)
     manager.fork(1, 2)
     child = [*parent, 60]
-    assert manager.append([2], [child], [1]) == (1, [(0, 1, 2)])
+    assert manager.append([2], [child], [1]) == (1, [(0, 1, 2, 0)])
     assert manager.block_table(2) == [0, 2]
     assert manager.take_block_copies() == [(1, 2)]
     manager.check_invariants()
@@ -72,7 +72,7 @@ def test_prompt_chunks_report_every_new_block() -> None:
     manager.allocate(1, tokens, 3)
     done, changes = manager.append([1], [tokens], [11])
     table = manager.block_table(1)
-    assert done == 1 and changes == [(0, 1, table[1]), (0, 2, table[2]), (0, 3, table[3])]
+    assert done == 1 and changes == [(0, 1, table[1], 0), (0, 2, table[2], 0), (0, 3, table[3], 0)]
 
 
 def test_contiguous_writes_into_its_reservation_and_reports_only_growth() -> None:
@@ -80,7 +80,7 @@ def test_contiguous_writes_into_its_reservation_and_reports_only_growth() -> Non
     tokens = list(range(11))
     manager.allocate(1, tokens, 3)
     assert manager.append([1], [tokens], [5]) == (1, [])  # blocks 0, 1 were reserved at admission
-    assert manager.append([1], [tokens], [3]) == (1, [(0, 2, 2)])
+    assert manager.append([1], [tokens], [3]) == (1, [(0, 2, 2, 0)])
     manager.check_invariants()
 
 

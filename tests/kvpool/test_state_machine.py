@@ -106,7 +106,7 @@ class KVPoolMachine(RuleBasedStateMachine):
         before = snapshot(self.manager, list(self.tokens))
         done, changes = self.manager.append(seq_ids, [self.tokens[s] for s in seq_ids], counts)
         self._check_stop(seq_ids, counts, done, before)
-        for index, position, block in changes:
+        for index, position, block, _group in changes:
             assert index < done
             table = self.mirror[seq_ids[index]]
             table.extend([-1] * (position + 1 - len(table)))

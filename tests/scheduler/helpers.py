@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from backends.base import StepOutput
-from kvpool import PagedKVCacheManager
+from backends.base import StepBatch, StepOutput
+from kvpool import KVCacheManager, PagedKVCacheManager
 from scheduler.config import SchedulerConfig
 from scheduler.params import SamplingParams
 from scheduler.scheduler import Scheduler
@@ -17,9 +17,9 @@ from scheduler.step import SchedulerPlan
 EOS = 2
 
 
-def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, **config: object
-                   ) -> Scheduler:
-    kv = PagedKVCacheManager(num_blocks, block_size)
+def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256,
+                   kv: KVCacheManager | None = None, **config: object) -> Scheduler:
+    kv = kv or PagedKVCacheManager(num_blocks, block_size)
     return Scheduler(SchedulerConfig(**config), kv, max_model_len, frozenset({EOS}))  # type: ignore[arg-type]
 
 
@@ -61,8 +61,24 @@ def check_batch(scheduler: Scheduler, plan: SchedulerPlan) -> None:
         assert batch.token_ids[lo:hi].tolist() == seq.token_ids[start : start + count]
         slots = [table[p // size] * size + p % size for p in range(start, start + count)]
         assert batch.slot_mapping[lo:hi].tolist() == slots
+        if scheduler.kv.window_blocks:
+            check_window_tables(scheduler, batch, i, seq, range(start, start + count))
+    assert scheduler.kv.window_blocks or batch.window_tables is None
     sampled_rows = [plan.seqs[r] for r in batch.sample_rows.tolist()]
     assert all(s is r or s in r.children for s, r in zip(plan.sampled, sampled_rows, strict=True))
+
+
+def check_window_tables(scheduler: Scheduler, batch: StepBatch, i: int, seq: Sequence, new: range) -> None:
+    """Row i's sliding-layer table and its new tokens' slots are the pool's; every block the sequence's queries
+    read through the window is there (-1 only before it)."""
+    assert batch.window_tables is not None and batch.window_slots is not None
+    table, size = scheduler.kv.window_table(seq.seq_id), scheduler.kv.block_size
+    assert batch.window_tables[i, : len(table)].tolist() == table
+    lo, hi = int(batch.query_start[i]), int(batch.query_start[i + 1])
+    assert batch.window_slots[lo:hi].tolist() == [table[p // size] * size + p % size for p in new]
+    window = scheduler.kv.window.window  # type: ignore[attr-defined]  # a HybridKVCacheManager's
+    read = range(max(0, new.start - window + 1) // size, -(-new.stop // size))
+    assert all(table[j] >= 0 for j in read), (table, new)
 
 
 def shape(plan: SchedulerPlan) -> list[tuple[int, int, int]]:

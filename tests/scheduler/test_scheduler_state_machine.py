@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from backends.base import StepOutput
+from kvpool import KVCacheManager, new_hybrid_manager
+from kvpool.sizing import window_table_blocks
 from scheduler.sequence import Sequence, SequenceStatus
 from tests.scheduler.helpers import check_batch, make_scheduler, make_seqs, step
 
@@ -20,9 +22,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sched = make_scheduler(num_blocks=12, block_size=4, max_model_len=40, max_num_batched_tokens=BUDGET,
-                                    max_num_seqs=MAX_SEQS, scheduling=self.scheduling)
+                                    max_num_seqs=MAX_SEQS, scheduling=self.scheduling, kv=self.new_kv())
         self.requests: dict[str, list[Sequence]] = {}
         self.next_id = 0
+
+    def new_kv(self) -> KVCacheManager | None:
+        return None  # make_scheduler's paged pool
 
     @rule(prompt_len=st.integers(1, 30), max_tokens=st.integers(1, 12), n=st.integers(1, 2))
     def arrive(self, prompt_len: int, max_tokens: int, n: int) -> None:
@@ -87,7 +92,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not self.sched.has_work
         assert all(s.status.finished for seqs in self.requests.values() for s in seqs)
         stats = self.sched.kv.stats()
-        assert stats.used_blocks == 0 and stats.free_blocks == stats.num_blocks
+        assert stats.used_blocks == 0 and stats.free_blocks == stats.num_blocks and stats.window_used_blocks == 0
         self.sched.kv.check_invariants()
 
 
@@ -95,7 +100,18 @@ class PriorityMachine(SchedulerMachine):
     scheduling = "priority"  # admissions land mid-list and preemption picks by priority: rows out of order
 
 
+class WindowPoolMachine(SchedulerMachine):
+    """A model with sliding layers (a 6-position window) keeping their KV in a pool of their own, just big enough
+    for one sequence's window and a step's chunk: tables give blocks back as they run, forks copy on write in
+    both pools, and preemption comes from either pool running dry."""
+
+    def new_kv(self) -> KVCacheManager | None:
+        return new_hybrid_manager(12, window_table_blocks(6, 4, BUDGET) + 2, 4, 6, step_tokens=BUDGET)
+
+
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestPriorityMachine = PriorityMachine.TestCase
+TestWindowPoolMachine = WindowPoolMachine.TestCase
+TestWindowPoolMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
 TestPriorityMachine.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)

@@ -175,6 +175,32 @@ def test_rows_reading_a_block_another_row_writes_stay_together() -> None:
     assert sorted(units) == [(0, 1), (2,), (3, 4)]
 
 
+def with_window_pool(batch: StepBatch, tables: list[list[int]]) -> StepBatch:
+    """The batch with its sliding layers' tables in a pool of their own (-1: given back), slots read off them."""
+    table = np.array(tables, np.int32)
+    rows = np.repeat(np.arange(batch.num_seqs), np.diff(batch.query_start))
+    slots = table[rows, batch.positions // BLOCK].astype(np.int64) * BLOCK + batch.positions % BLOCK
+    return replace(batch, window_tables=table, window_slots=slots, window_block_copies=((0, 6), (3, 7)))
+
+
+def test_rows_reading_a_window_block_another_row_writes_stay_together() -> None:
+    # the full tables share nothing written; in the window pool row 1 hits the block row 0 fills (6)
+    batch = with_window_pool(batch_of([[1, 3], [2, 4], [5, 7]], [4, 1, 1], [20, 21, 20], [0, 1, 2]),
+                             [[-1, 6], [-1, 6], [2, 8]])
+    assert sorted(units_of(batch, ["a", "b", "c"], BLOCK)) == [(0, 1), (2,)]
+
+
+def test_a_sub_batch_keeps_its_rows_window_tables_slots_and_copies() -> None:
+    batch = with_window_pool(batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 2], [20, 17, 20], [0, 1, 2]),
+                             [[-1, 6], [3, 7], [-1, 8]])
+    part = sub_batch(batch, np.array([0, 2]), BLOCK)
+    assert part.window_tables is not None and part.window_slots is not None and batch.window_slots is not None
+    assert part.window_tables.tolist() == [[-1, 6], [-1, 8]]
+    assert part.window_slots.tolist() == batch.window_slots[[0, 1, 2, 3, 5, 6]].tolist()
+    assert part.window_block_copies == ((0, 6),)  # the copy into 7 is row 1's
+    assert sub_batch(batch, np.array([1]), BLOCK).window_block_copies == ((3, 7),)
+
+
 def test_a_sub_batch_is_the_step_restricted_to_its_rows() -> None:
     batch = batch_of([[1, 3], [2, 5], [4, 9]], [4, 1, 2], [20, 17, 20], [0, 1, 2])
     part = sub_batch(batch, np.array([0, 2]), BLOCK)
