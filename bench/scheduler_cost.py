@@ -1,7 +1,7 @@
 """Scheduler cost per engine step with 256 running sequences, the backend step excluded.
 
     python -m bench.scheduler_cost [--seqs 256] [--steps 1000] [--observer null|records] [--temperature T]
-                                   [--profile]
+                                   [--profile] [--window W]
 
 256 requests (seeded prompt lengths 32-512 tokens, fixed max_tokens so none finishes during the run) are
 prefilled on the zero-cost sim backend; then every decode step is timed in three parts, which together are
@@ -19,7 +19,8 @@ is the steadier figure. Target: p99 of the scheduler under 1 ms. `--observer rec
 reads every step's records (as the telemetry worker does, but here on the engine's thread); the default is
 the engine's default, the NullObserver, for which no records are built. `--temperature` above 0 makes every
 request sample (seeded), so each step draws a uniform per sequence. `--profile` adds a cProfile of the
-timed steps, top functions by own time.
+timed steps, top functions by own time. `--window W` plans for a model with sliding layers (Gemma 3: W = 512):
+two block tables per sequence, the sliding layers' giving back what falls behind the window.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from backends.config import BackendConfig
 from backends.model.loader import ModelFiles, open_model
 from backends.sim_backend import SimBackend, create
 from bench.stats import pct
-from kvpool import PagedKVCacheManager
+from kvpool import KVCacheManager, PagedKVCacheManager, new_hybrid_manager
+from kvpool.sizing import window_blocks_wanted
 from scheduler.config import SchedulerConfig
 from scheduler.core import EngineCore
 from scheduler.params import SamplingParams
@@ -81,15 +83,15 @@ class RecordReader(NullObserver):
 
 
 def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0, observer: EngineObserver | None = None,
-          temperature: float = 0.0) -> tuple[EngineCore, SimBackend]:
+          temperature: float = 0.0, window: int = 0) -> tuple[EngineCore, SimBackend]:
     backend = create(BackendConfig(name="sim", sim_profile="zero", sim_clock="virtual"), files)
     rng = random.Random(seed)
     prompts = [[rng.randrange(1000, 40000) for _ in range(rng.randint(32, 512))] for _ in range(num_seqs)]
     budget = 2048
     horizon = steps + sum(map(len, prompts)) // budget + num_seqs + 8  # decode steps during prefill, too
     need = sum(-(-(len(p) + horizon) // BLOCK) for p in prompts)
-    backend.init_cache(need, BLOCK)
-    kv = PagedKVCacheManager(need, BLOCK)
+    backend.init_cache(need, BLOCK)  # the sim holds no KV: the window pool's tables go by unread
+    kv = new_pool(need, num_seqs, budget, window)
     config = SchedulerConfig(max_num_seqs=num_seqs, max_num_batched_tokens=budget)
     core = EngineCore(config, kv, files.tokenizer, max_model_len=MAX_LEN, clock=backend.clock.now, observer=observer)
     for i, p in enumerate(prompts):  # seeded when sampling, so each request draws its own uniforms
@@ -98,6 +100,14 @@ def build(files: ModelFiles, num_seqs: int, steps: int, seed: int = 0, observer:
     while core.scheduler.waiting or any(s.num_uncomputed > 1 for s in core.scheduler.running):  # prefill
         step(core, backend)
     return core, backend
+
+
+def new_pool(num_blocks: int, num_seqs: int, budget: int, window: int) -> KVCacheManager:
+    """The paged pool; with a window, a hybrid one whose sliding layers' pool holds every sequence's window."""
+    if not window:
+        return PagedKVCacheManager(num_blocks, BLOCK)
+    return new_hybrid_manager(num_blocks, window_blocks_wanted(window, BLOCK, num_seqs, budget), BLOCK, window,
+                              step_tokens=budget)
 
 
 def step(core: EngineCore, backend: SimBackend, times: StepTimes | None = None) -> None:
@@ -156,16 +166,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--observer", choices=("null", "records"), default="null")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: seeded sampling")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--window", type=int, default=0,
+                        help="a sliding window (positions): the hybrid pool of a model with sliding layers")
     args = parser.parse_args(argv)
     files = open_model()[1]
     observer = RecordReader() if args.observer == "records" else None
-    core, backend = build(files, args.seqs, args.steps, observer=observer, temperature=args.temperature)
+    core, backend = build(files, args.seqs, args.steps, observer=observer, temperature=args.temperature,
+                          window=args.window)
     running = len(core.scheduler.running)
     profiler = cProfile.Profile() if args.profile else None
     times = measure(core, backend, args.steps, profiler)
     assert len(core.scheduler.running) == running == args.seqs, "every sequence must stay running"
     print(f"{args.seqs} running sequences, {args.steps} decode steps on the zero-cost sim backend, "
-          f"{args.observer} observer, temperature {args.temperature}")
+          f"{args.observer} observer, temperature {args.temperature}"
+          + (f", sliding layers' {args.window}-position windows in a pool of their own" if args.window else ""))
     report(times, args.seqs)
     if profiler is not None:
         print()
