@@ -31,6 +31,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.chat_template import NoChatTemplate
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
+from backends.numpy_backend.native.cpu_tiers import AUTO, CHOICES
 from backends.numpy_backend.native.matmul import NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from kvpool import PagedKVCacheManager
@@ -118,11 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--candidate", choices=CANDIDATES, default="fast",
                         help="what is compared with the exact precision over a float32 KV cache")
     parser.add_argument("--model", help="a GGUF file or checkpoint directory (default: the default model)")
+    parser.add_argument("--cpu-isa", default=AUTO, choices=CHOICES, help="the C kernels' CPU tier, both sides")
     args = parser.parse_args(argv)
     model = load_model(args.model, stored=STORED_TYPES)
-    exact, candidate = NumpyBackend(model, "auto"), NumpyBackend(model, "auto", *CANDIDATES[args.candidate])
+    exact = NumpyBackend(model, "auto", cpu_isa=args.cpu_isa)
+    candidate = NumpyBackend(model, "auto", *CANDIDATES[args.candidate], cpu_isa=args.cpu_isa)
     if CANDIDATES[args.candidate][0] == "fast":
-        print(f"fast precision: {NativeMatmul(fast=True).fast_paths()}")
+        print(f"fast precision: {NativeMatmul(fast=True, tier=exact.cpu_tier).fast_paths()}")
     ids = prompts(model, args.prompts)
     together = agreement(greedy(exact, model, ids, args.tokens), greedy(candidate, model, ids, args.tokens),
                          args.tokens)

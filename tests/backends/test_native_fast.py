@@ -32,13 +32,14 @@ from backends.numpy_backend.native.matmul import (
 from backends.numpy_backend.native.weights import SMALL_STEP_TYPES, STORED_TYPES
 from tests.backends.bounds import assert_within
 from tests.backends.test_native_quant import K_QUANTS, random_blocks
-from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES
+from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES, WIDE_STEPS
 from tests.required import hardware_absent
 
 SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: measured 1.6 %, bound 2x
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
+Q8_MAX_ROWS = 64  # fast_matmul.h: the most rows the 8-bit path takes on the AVX-512 tiers
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
 Test = TypeVar("Test", bound=Callable[..., None])
 
@@ -199,13 +200,47 @@ def test_the_small_steps_integers_are_ggufs_weights(qtype: Q) -> None:
 @pytest.mark.parametrize("qtype", SMALL_TYPES, ids=lambda t: t.name)
 def test_the_small_steps_run_where_the_tier_has_them(fast: NativeMatmul, exact: NativeMatmul, qtype: Q) -> None:
     """Counted by the library: each call of 1-3 rows runs the 8-bit path once on the tiers that have it, never
-    on the others (nor in the exact precision, nor for 4 rows)."""
+    on the others (nor in the exact precision, nor for more than 64 rows)."""
     w = stored(qtype, 40, small_width(qtype, 576))
     before = fast.small_steps_run()
-    for rows in (1, 2, FAST_MIN_ROWS - 1, FAST_MIN_ROWS):
+    for rows in (1, 2, FAST_MIN_ROWS - 1, Q8_MAX_ROWS + 1):
         fast.project(activations(rows, w.shape[1]), w)
         exact.project(activations(rows, w.shape[1]), w)
     assert fast.small_steps_run() - before == (3 if fast.tier.name in SMALL_STEPS else 0)
+
+
+needs_wide_steps = on_tiers(WIDE_STEPS, "no AVX-512 on this machine")
+# two whole groups of 8 weight rows and part of a third; widths of two blocks (32, or 256 for the K-quants) and more
+WIDE_SHAPES = [(t, 512 if t in K_QUANTS else 608, 21) for t in SMALL_TYPES]
+
+
+@needs_wide_steps
+@pytest.mark.parametrize(("qtype", "inner", "outputs"), WIDE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("rows", [FAST_MIN_ROWS, 7, Q8_MAX_ROWS])
+def test_steps_of_up_to_64_rows_multiply_8_bit_x_on_the_avx512_tiers(fast: NativeMatmul, qtype: Q, inner: int,
+                                                                     outputs: int, rows: int) -> None:
+    """Past the small steps, six rows of x at a time: within q8_bound of q8_reference, the 8-bit path run once,
+    and each row's floats the ones it gets alone (its sums never meet another row's). On amx, Q4_0 and Q4_1 go
+    to the tiles instead (test_tiles_multiply_the_rounded_values)."""
+    if fast.fast_uses_tiles and qtype in (Q.Q4_0, Q.Q4_1):
+        pytest.skip("the tiles take Q4_0 and Q4_1 steps of 4 rows or more on this tier")
+    w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
+    before = fast.small_steps_run()
+    out = fast.project(x, w)
+    assert fast.small_steps_run() == before + 1
+    assert_within(out, q8_reference(x, w), q8_bound(x, w))
+    for i in (0, rows - 1):
+        np.testing.assert_array_equal(out[i : i + 1], fast.project(x[i : i + 1], w))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_0], ids=lambda t: t.name)
+def test_steps_of_4_rows_or_more_are_exact_below_avx512(fast: NativeMatmul, exact: NativeMatmul, qtype: Q) -> None:
+    """Three rows of x at a time lost to the exact strips (fast_matmul.h): there, and on every tier past 64 rows,
+    the fast precision's steps on the 8-bit path's types that no tile reads are the exact ones, bit for bit."""
+    w = stored(qtype, 40, small_width(qtype, 576))
+    for rows in ((FAST_MIN_ROWS, 16, Q8_MAX_ROWS + 1) if fast.tier.name not in WIDE_STEPS else (Q8_MAX_ROWS + 1,)):
+        x = activations(rows, w.shape[1])
+        np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
 
 
 @needs_small_steps

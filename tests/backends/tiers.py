@@ -13,6 +13,8 @@ RUNNABLE: tuple[CpuTier, ...] = HOST.runnable()
 # pmaddubsw, VNNI, NEON's sdot.
 SMALL_STEPS = frozenset({"avx2", "avx512", "avx512-vnni", "amx", "neon"})
 WIDE_SUMS = frozenset({"avx512", "avx512-vnni", "amx"})  # stored weights summed in 16 lanes (quant_wide.h)
+# The 8-bit path for steps of 4-64 rows too, six rows of x at a time (q8_dots.h's Q8_CHUNK): AVX-512's registers
+WIDE_STEPS = frozenset({"avx512", "avx512-vnni", "amx"})
 TILES = frozenset({"amx"})  # bfloat16 products on AMX tiles, where the kernel may use them (fast_matmul.h)
 
 

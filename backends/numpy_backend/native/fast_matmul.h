@@ -7,11 +7,15 @@
  * used for every row of x: a batch pays the dequantization once per weight, as the exact kernels' strips do, and
  * little more.
  *
- * Steps of more rows where the CPU has no AMX or the kernel does not let the process use it (Linux
- * arch_prctl), small steps on other weight types, steps of FAST_MIN_ROWS rows or more on Q5_0, Q5_1 and the
- * K-quants (quant_k.h: no tiles read them), and every small step without AVX2 (or, on AArch64, the dot product
- * extension) run the exact kernels (quant_matmul.h): converting the weights to bfloat16 costs a step of one to
- * three rows more than the tiles save. So in this precision a row's result can depend on the size of its batch.
+ * On AVX-512 builds, steps of FAST_MIN_ROWS to Q8_MAX_ROWS rows on the 8-bit path's types that the tiles do not
+ * take (all of them without AMX; Q5_0, Q5_1 and the K-quants with it) run the 8-bit path too, six rows of x at a
+ * time (q8_dots.h): 1.3-1.5x the exact kernels' speed at 16-64 rows there (docs/PERFORMANCE.md); with AVX2's 16
+ * registers, three rows at a time lost to the exact strips. Steps of more rows where the CPU has no AMX or the
+ * kernel does not let the process use it (Linux arch_prctl), other steps on other weight types, the rest on
+ * Q5_0, Q5_1 and the K-quants (quant_k.h: no tiles read them), and every small step without AVX2 (or, on
+ * AArch64, the dot product extension) run the exact kernels (quant_matmul.h): converting the weights to bfloat16
+ * costs a step of one to three rows more than the tiles save. So in this precision a row's result can depend on
+ * the size of its batch.
  * The reference of the tiles is the float32 product of the rounded values (tests/backends/test_native_fast.py),
  * and the accuracy benchmark (bench/precision.py) measures what the rounding costs against the exact precision.
  */
@@ -36,6 +40,7 @@
 #define FAST_TILE 16   /* rows of x, and weight rows, per tile */
 #define FAST_K 32      /* weights (bfloat16 pairs x 16) per tile row of 64 bytes */
 #define FAST_MIN_ROWS 4 /* fewer rows of x: q8_dots.h or exact (cheaper than converting the weights) */
+#define Q8_MAX_ROWS 64  /* more rows of x: the tiles or exact (a prompt chunk: the strips decode a weight once) */
 
 /* float32 -> bfloat16, round to nearest even (x never NaN here: activations and weights are finite). */
 static inline uint16_t to_bf16(float f) {
@@ -243,7 +248,8 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
     /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
-    f->q8 = Q8_DOTS && fast && m > 0 && m < FAST_MIN_ROWS;
+    /* past the small steps, only where a group takes x six rows at a time: three at a time lost to the strips */
+    f->q8 = Q8_DOTS && fast && m > 0 && (m < FAST_MIN_ROWS || (Q8_CHUNK > 3 && m <= Q8_MAX_ROWS));
     const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_x_bytes(m, kmax) + 3) / 4 : 0;
     const int64_t most = tiles > strips ? tiles : strips;
     f->stride = ((most > q8 ? most : q8) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
@@ -263,19 +269,19 @@ static void projection_work_free(ProjectionWork *f) {
 static void project_step(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
-#if Q8_DOTS
-    if (f->q8 && q8_reads(w->type)) {
-        if (thread == 0) q8_projections++;
-        project_q8(x, w, y, m, k, n, add, mine);
-        return;
-    }
-#endif
 #if FAST_AMX
-    if (f->tiles && !eight_lanes_only(w->type)) { /* quant_k.h's types: exact (x_as_read needs no x_lanes) */
+    if (f->tiles && !eight_lanes_only(w->type)) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles
          * would hold stale values (multiplied by zeros, but a stale NaN times zero is NaN) */
         const int64_t kp = (k + FAST_K - 1) / FAST_K * FAST_K;
         project_amx(x, w, y, m, k, n, add, f->xv, f->m_padded, kp, (uint16_t *)mine, mine + FAST_TILE * f->kp);
+        return;
+    }
+#endif
+#if Q8_DOTS
+    if (f->q8 && q8_reads(w->type)) {
+        if (thread == 0) q8_projections++;
+        project_q8(x, w, y, m, k, n, add, mine);
         return;
     }
 #endif

@@ -56,6 +56,7 @@ class NativeMatmul:
         self.wide_sums = bool(library.quant_sums_wide())
         self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else larger steps are exact in fast
         self.fast_small_steps = bool(library.fast_small_steps())  # not on generic: small steps exact in fast
+        self.fast_wide_steps = bool(library.fast_wide_steps())  # AVX-512: steps of 4-64 rows on the 8-bit path too
         self._small_steps_run = library.fast_small_steps_run
         self._small_steps_run.restype = ctypes.c_int64
         self.fast = fast and (self.fast_uses_tiles or self.fast_small_steps)
@@ -80,10 +81,15 @@ class NativeMatmul:
         """What the fast precision runs on this machine, in words."""
         tier = self.tier.name
         lanes = " / ".join(sorted(t.name for t in EIGHT_LANES_ONLY))
-        tiles = (f"bfloat16 products on AMX tiles ({lanes} weights: exact)" if self.fast_uses_tiles
-                 else f"exact (no AMX tiles on {tier})")
-        small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
         small_types = " / ".join(sorted(t.name for t in SMALL_STEP_TYPES))
+        eight_bit = "8-bit x up to 64 rows, exact past them" if self.fast_wide_steps else "exact"
+        if self.fast_uses_tiles:
+            tiles = f"bfloat16 products on AMX tiles ({lanes} weights: {eight_bit})"
+        elif self.fast_wide_steps:
+            tiles = f"{small_types} weights {eight_bit}, other weights exact (no AMX tiles on {tier})"
+        else:
+            tiles = f"exact (no AMX tiles on {tier})"
+        small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
         return (f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on {small_types} weights: {small}; "
                 f"steps of 1-3 rows on other weights: exact")
 

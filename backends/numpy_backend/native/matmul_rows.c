@@ -41,6 +41,9 @@ int fast_uses_tiles(void) { return fast_uses_amx(); }
  * (q8_dots.h: AVX2 builds, and AArch64 builds with the dot product extension), 0 when they are exact. */
 int fast_small_steps(void) { return Q8_DOTS; }
 
+/* 1 when steps of 4-64 rows take the 8-bit path too, where no tile reads the weights (AVX-512 builds). */
+int fast_wide_steps(void) { return Q8_DOTS && Q8_CHUNK > 3; }
+
 /* How many projections have run the 8-bit small steps in this process (0 without them). */
 int64_t fast_small_steps_run(void) {
 #if Q8_DOTS

@@ -1,5 +1,6 @@
-/* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x and Q4_0, Q4_1, Q5_0 or Q5_1
- * weights (the K-quants: q8_k.h, q8_k23.h), multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is
+/* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x (on AVX-512 builds up to
+ * Q8_MAX_ROWS, fast_matmul.h) and Q4_0, Q4_1, Q5_0 or Q5_1 weights (the K-quants: q8_k.h, q8_k23.h), multiplied in
+ * integers (as llama.cpp's CPU kernels do). Each row of x is
  * rounded, per block of 32, to 8-bit integers qx with one scale dx = max |x| / 127; each block's 32 products of
  * the stored 4-bit (Q5: 5-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
  * pmaddubsw + pmaddwd, or the Arm dot product extension's sdot), then scaled in float:
@@ -36,6 +37,14 @@
 #define Q8_DOTS 1
 #else
 #define Q8_DOTS 0
+#endif
+
+/* Rows of x one group of weight rows takes at once: with AVX-512's 32 vector registers six rows' accumulators fit
+ * beside the group's integers, with 16 three. */
+#if defined(__AVX512F__)
+#define Q8_CHUNK 6
+#else
+#define Q8_CHUNK 3
 #endif
 
 #if Q8_DOTS
@@ -227,8 +236,9 @@ static inline __attribute__((always_inline)) void q8_scale_add(__m256i dots, __m
 }
 
 /* y[i, first + j] (+)= acc + mins of row i of x, for the group's valid rows. */
-static inline __attribute__((always_inline)) void q8_group_store(const __m256 acc[3], const __m256 mins[3], int rows,
-                                                                 float *y, int64_t n, int64_t first, int add) {
+static inline __attribute__((always_inline)) void q8_group_store(const __m256 acc[Q8_CHUNK],
+                                                                 const __m256 mins[Q8_CHUNK], int rows, float *y,
+                                                                 int64_t n, int64_t first, int add) {
     const int64_t valid = n - first < Q8_GROUP ? n - first : Q8_GROUP;
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int i = 0; i < rows; i++) {
@@ -250,7 +260,7 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
     const int64_t blocks = k / QBLOCK;
     const Q8Group g = q8_group(w, n, first);
     Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
-    __m256 acc[3], mins[3];
+    __m256 acc[Q8_CHUNK], mins[Q8_CHUNK];
     for (int i = 0; i < rows; i++) acc[i] = mins[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         ahead_step(&ahead);
@@ -368,11 +378,21 @@ static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
         q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c);
 }
 
-/* One group for every row of x (1..3), the count and the type constants. */
+#if Q8_CHUNK > 3
+#define Q8_WIDE_CASES(F, T)                                                                                         \
+    case 6: F(x, w, y, k, n, first, add, 6, T); break;                                                              \
+    case 5: F(x, w, y, k, n, first, add, 5, T); break;                                                              \
+    case 4: F(x, w, y, k, n, first, add, 4, T); break;
+#else
+#define Q8_WIDE_CASES(F, T)
+#endif
+
+/* One group for every row of x (1..Q8_CHUNK), the count and the type constants. */
 __attribute__((aligned(HOT_ALIGN))) static void q8_group_of(const Q8Rows *x, const Weights *w, float *y, int64_t m,
                                                             int64_t k, int64_t n, int64_t first, int add) {
 #define Q8_GROUP_ROWS(F, T)                                                                                         \
     switch (m) {                                                                                                    \
+    Q8_WIDE_CASES(F, T)                                                                                             \
     case 3: F(x, w, y, k, n, first, add, 3, T); break;                                                              \
     case 2: F(x, w, y, k, n, first, add, 2, T); break;                                                              \
     default: F(x, w, y, k, n, first, add, 1, T); break;                                                            \
@@ -389,9 +409,17 @@ __attribute__((aligned(HOT_ALIGN))) static void q8_group_of(const Q8Rows *x, con
 #undef Q8_GROUP_ROWS
 }
 
-/* y (m, n) (+)= x (m, k) @ w.T for m < 4 rows and q8_reads(w->type), shared among the threads of the enclosing
- * OpenMP region as project_weights; `mine`: this thread's q8_x_bytes(m, k), where it rounds x itself (a few
- * thousand values: cheaper than a barrier). */
+/* Rows [first, first + count) of x rounded: the same layout, a view into it. */
+static inline Q8Rows q8_rows_from(const Q8Rows *x, int64_t first, int64_t k) {
+    const int64_t blocks = k / QBLOCK;
+    return (Q8Rows){x->q + first * k, x->d + first * blocks, x->s + first * blocks};
+}
+
+/* y (m, n) (+)= x (m, k) @ w.T for q8_reads(w->type), shared among the threads of the enclosing OpenMP region as
+ * project_weights; `mine`: this thread's q8_x_bytes(m, k), where it rounds x itself (a few thousand values:
+ * cheaper than a barrier). A group of 8 weight rows takes x Q8_CHUNK rows at a time, so for more rows its bytes
+ * come again from L1 and only their decoding is paid again; each row's sums are the same operations in the same
+ * order whatever the rows beside it, so a row's result does not depend on its step's size here. */
 static void project_q8(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
                        void *mine) {
     const Q8Rows rows = q8_rows_in(mine, m, k);
@@ -399,12 +427,15 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
     /* Q2_K / Q3_K sent apart here, not in q8_group_of: a test for them there changed its code for every type */
     const int k23 = is_k23(w->type);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < (n + Q8_GROUP - 1) / Q8_GROUP; t++) {
-        if (k23)
-            q8_group_k23(&rows, w, y, m, k, n, t * Q8_GROUP, add);
-        else
-            q8_group_of(&rows, w, y, m, k, n, t * Q8_GROUP, add);
-    }
+    for (int64_t t = 0; t < (n + Q8_GROUP - 1) / Q8_GROUP; t++)
+        for (int64_t r = 0; r < m; r += Q8_CHUNK) {
+            const Q8Rows chunk = q8_rows_from(&rows, r, k);
+            const int64_t count = m - r < Q8_CHUNK ? m - r : Q8_CHUNK;
+            if (k23)
+                q8_group_k23(&chunk, w, y + r * n, count, k, n, t * Q8_GROUP, add);
+            else
+                q8_group_of(&chunk, w, y + r * n, count, k, n, t * Q8_GROUP, add);
+        }
 }
 #else
 static inline int q8_reads(int32_t type) { return (void)type, 0; }

@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) __m256i q8_half_dots(const __m256i 
 /* Block s of super-block sb for `rows` rows of x (q8_k.h's arithmetic), into acc and mins. */
 static inline __attribute__((always_inline)) void q8_group_k_block(const Q8Rows *x, const Q8Group *g,
                                                                   const float ks[24][Q8_GROUP], int64_t blocks,
-                                                                  int64_t sb, int s, __m256 acc[3], __m256 mins[3],
+                                                                  int64_t sb, int s, __m256 acc[Q8_CHUNK], __m256 mins[Q8_CHUNK],
                                                                   const int rows, const int32_t type) {
     __m256i lo[4], hi[4];
     q8_group_k_half(g, sb, s, 0, lo, type);
@@ -106,7 +106,7 @@ static inline __attribute__((always_inline)) void q8_group_k_t(const Q8Rows *x, 
     const int64_t blocks = k / QBLOCK;
     const Q8Group g = q8_group(w, n, first);
     Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
-    __m256 acc[3], mins[3];
+    __m256 acc[Q8_CHUNK], mins[Q8_CHUNK];
     for (int i = 0; i < rows; i++) acc[i] = mins[i] = _mm256_setzero_ps();
     float ks[24][Q8_GROUP];
     for (int64_t sb = 0; sb < blocks / 8; sb++) {

@@ -90,7 +90,7 @@ static inline __m256i q8_k23_mins(const int8_t *qx, const K23Lanes *l, int s) {
 /* Block s of super-block sb for `rows` rows of x (this header's arithmetic), into acc and mins. */
 static inline __attribute__((always_inline)) void q8_group_k23_block(const Q8Rows *x, const Q8Group *g,
                                                                     const K23Lanes *l, int64_t blocks, int64_t sb,
-                                                                    int s, __m256 acc[3], __m256 mins[3],
+                                                                    int s, __m256 acc[Q8_CHUNK], __m256 mins[Q8_CHUNK],
                                                                     const int rows, const int32_t type) {
     __m256i lo[4], hi[4];
     q8_group_k23_half(g, sb, s, 0, lo, type);
@@ -115,7 +115,7 @@ static inline __attribute__((always_inline)) void q8_group_k23_t(const Q8Rows *x
     const int64_t blocks = k / QBLOCK;
     const Q8Group g = q8_group(w, n, first);
     Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_GROUP, Q8_GROUP, blocks);
-    __m256 acc[3], mins[3];
+    __m256 acc[Q8_CHUNK], mins[Q8_CHUNK];
     for (int i = 0; i < rows; i++) acc[i] = mins[i] = _mm256_setzero_ps();
     K23Lanes l;
     for (int64_t sb = 0; sb < blocks / 8; sb++) {
@@ -200,10 +200,20 @@ static inline __attribute__((always_inline)) void q8_group_k23_t(const Q8Rows *x
 
 /* One group of a Q2_K / Q3_K matrix for every row of x (1..3), in place of q8_group_of: out of line, apart
  * from its instantiations of the other types. */
+#if Q8_CHUNK > 3
+#define Q8_K23_WIDE(T)                                                                                               \
+    case 6: q8_group_k23_t(x, w, y, k, n, first, add, 6, T); break;                                                 \
+    case 5: q8_group_k23_t(x, w, y, k, n, first, add, 5, T); break;                                                 \
+    case 4: q8_group_k23_t(x, w, y, k, n, first, add, 4, T); break;
+#else
+#define Q8_K23_WIDE(T)
+#endif
+
 __attribute__((noinline)) static void q8_group_k23(const Q8Rows *x, const Weights *w, float *y, int64_t m,
                                                    int64_t k, int64_t n, int64_t first, int add) {
 #define Q8_K23_ROWS(T)                                                                                              \
     switch (m) {                                                                                                    \
+    Q8_K23_WIDE(T)                                                                                                  \
     case 3: q8_group_k23_t(x, w, y, k, n, first, add, 3, T); break;                                                 \
     case 2: q8_group_k23_t(x, w, y, k, n, first, add, 2, T); break;                                                 \
     default: q8_group_k23_t(x, w, y, k, n, first, add, 1, T); break;                                               \
