@@ -1,6 +1,6 @@
 """Gemma 3 (five sliding layers in six) assembled as the server does it: the sliding layers get a KV pool of
-their own, the backend's arrays are sized to each pool, the start-up log reports both, and a window pool too
-small for one sequence is refused at start-up in one line."""
+their own, the backend's arrays are sized to each pool, the start-up log and /metrics report both, and a window
+pool too small for one sequence is refused at start-up in one line."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import logging
 
 import pytest
 
+from backends.config import BackendConfig
+from backends.model.loader import ModelFiles
 from backends.numpy_backend.backend import NumpyBackend
-from kvpool import HybridKVCacheManager, PagedKVCacheManager
+from kvpool import HybridKVCacheManager, KVPoolConfig, PagedKVCacheManager
 from kvpool.sizing import window_table_blocks
+from scheduler.config import SchedulerConfig
 from service.app.assemble import build_parts
-from service.config.settings import load_config
+from service.config.settings import AppConfig, ServiceConfig, load_config
 from tests.gemma3 import gemma3_path
+from tests.service.live import LiveServer, cached_builder
 from tests.service.test_cli import assert_one_line_error, run
 
 BUDGET = 256 * 2**20
@@ -58,3 +62,24 @@ def test_a_window_pool_too_small_for_one_sequence_is_refused_in_one_line(capsys:
     assert code == 2
     said = "\n".join(line for line in err.splitlines() if not line.startswith("pagedserve listening"))  # serve's
     assert_one_line_error(said, "kv: the sliding layers' pool needs at least 65 blocks", "got 40")
+
+
+def test_metrics_count_the_window_pool_apart(gemma3_chat_files: ModelFiles) -> None:
+    """A completion over HTTP with the official client; /metrics then gives the window pool's blocks beside the
+    full layers' (all free again once the request is done)."""
+    from openai import OpenAI  # noqa: PLC0415 - the client, only for this test
+
+    config = AppConfig(ServiceConfig(port=0), BackendConfig(name="numpy"), SchedulerConfig(max_model_len=1024),
+                       KVPoolConfig(num_blocks=96))
+    server = LiveServer.start(config, cached_builder(gemma3_chat_files), timeout=120)
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        name = client.models.list().data[0].id
+        out = client.completions.create(model=name, prompt="The capital of France is", max_tokens=4, temperature=0)
+        assert out.usage is not None and out.usage.completion_tokens == 4
+        series = server.metrics()
+        window = {s: series[f'pagedserve:kv_cache_window_blocks{{state="{s}"}}'] for s in ("used", "free")}
+        assert window == {"used": 0.0, "free": 96.0}  # num_blocks: less than 64 sequences' windows want
+        assert series['pagedserve:kv_cache_blocks{state="free"}'] == 96.0
+    finally:
+        server.close()
