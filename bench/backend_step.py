@@ -3,7 +3,7 @@ weights dequantized to float32 and kept as the GGUF stores them (exact and fast 
 float16 KV cache, "-kv16"), side by side.
 
     python -m bench.backend_step [--repeats 9] [--modes float32,gguf,gguf-fast,gguf-kv16,gguf-fast-kv16]
-                                 [--warm-ms 150] [--steps 3] [--cpu-isa auto]
+                                 [--warm-ms 150] [--steps 3] [--cpu-isa auto] [--model GGUF]
 
 Prints the CPU and the tier its C kernels were built for (`--cpu-isa` forces one, as the server's setting
 does); the machine's copy and read bandwidth; per mode, the bytes a decode step streams and the time to stream
@@ -166,8 +166,8 @@ MODES = {"float32": ("float32", "exact", "float32"), "gguf": ("gguf", "exact", "
          "gguf-fast-kv16": ("gguf", "fast", "float16")}
 
 
-def build_modes(names: list[str], cpu_isa: str) -> list[Mode]:
-    models = {w: load_model(stored=STORED_TYPES if w == "gguf" else ()) for w in {MODES[n][0] for n in names}}
+def build_modes(names: list[str], cpu_isa: str, model: str | None = None) -> list[Mode]:
+    models = {w: load_model(model, stored=STORED_TYPES if w == "gguf" else ()) for w in {MODES[n][0] for n in names}}
     modes = []
     for name in names:
         weights, precision, kv_dtype = MODES[name]
@@ -263,9 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm-ms", type=float, default=150.0, help="steps run untimed in each turn, in ms")
     parser.add_argument("--steps", type=int, default=3, help="steps timed in each turn after the warm-up")
     parser.add_argument("--cpu-isa", default=AUTO, choices=CHOICES, help="the C kernels' CPU tier")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
     args = parser.parse_args(argv)
     reexec_with_defaults("bench.backend_step")
-    modes = build_modes(args.modes.split(","), args.cpu_isa)
+    modes = build_modes(args.modes.split(","), args.cpu_isa, args.model)
     print(cpu_line(modes[0].backend.cpu_tier, args.cpu_isa))
     timer = AttentionTimer()
     model_module.paged_attention = timer
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
           f"step: {', '.join(fused_rows(m) for m in modes)}; fast precision: "
           f"{NativeMatmul(fast=True, tier=modes[0].backend.cpu_tier).fast_paths()}")
     print(f"bandwidth: copy {copy / 1e9:.2f} GB/s, read {read / 1e9:.2f} GB/s")
-    rss = {w: weights_rss_mib(w) for w in {MODES[m.name][0] for m in modes}}
+    rss = {w: weights_rss_mib(w, args.model) for w in {MODES[m.name][0] for m in modes}}
     prefill = {}
     for mode in modes:
         prefill[mode.name] = prefill_rate(mode.backend)
