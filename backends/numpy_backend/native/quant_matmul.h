@@ -27,11 +27,15 @@ static inline int nibble_ordered(int32_t type) { return (void)type, 0; }
 
 /* Rows of x a tile takes at once: NEON's registers hold two rows' accumulators (in two passes); elsewhere up to
  * four, and steps of up to four rows stay on the tiles (MIN_BLOCKED_QROWS) instead of dequantizing strips into
- * a buffer, which costs more than it saves below five rows. The AVX-512 build (QUANT_WIDE) keeps its own
- * paths from three rows. */
-#if defined(SIMD_NEON) || QUANT_WIDE
+ * a buffer, which costs more than it saves below five rows. The AVX-512 build (QUANT_WIDE) takes two rows a
+ * tile, and its steps of three and four rows stay on the tiles too: from three rows on the strips, they took
+ * 1.2-1.4x as long (docs/PERFORMANCE.md, 2026-12-06). */
+#if defined(SIMD_NEON)
 #define TILE_ROWS 2
 #define MIN_BLOCKED_QROWS MIN_BLOCKED_ROWS
+#elif QUANT_WIDE
+#define TILE_ROWS 2
+#define MIN_BLOCKED_QROWS 5
 #else
 #define TILE_ROWS 4
 #define MIN_BLOCKED_QROWS 5
