@@ -39,6 +39,7 @@ SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: 
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
+FAST_TILE = 16  # fast_matmul.h: on amx, fewer rows on Q4_0 / Q4_1 take the 8-bit path rather than the tiles
 Q8_MAX_ROWS = 64  # fast_matmul.h: the most rows the 8-bit path takes on the AVX-512 tiers
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
 Test = TypeVar("Test", bound=Callable[..., None])
@@ -123,8 +124,14 @@ SHAPES = [(t, inner, outputs) for t in TYPES for inner, outputs in ((64, 13), (5
 @pytest.mark.parametrize(("qtype", "inner", "outputs"), SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("rows", [FAST_MIN_ROWS, 5, 16, 17, 33, 64, 130])
 def test_tiles_multiply_the_rounded_values(fast: NativeMatmul, qtype: Q, inner: int, outputs: int, rows: int) -> None:
-    """Every type; rows and weight rows past whole tiles of 16 (zero padding)."""
+    """Every type; rows and weight rows past whole tiles of 16 (zero padding). Fewer rows than a tile on Q4_0 and
+    Q4_1 take the 8-bit path instead (faster there), within its bound."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
+    if qtype in (Q.Q4_0, Q.Q4_1) and rows < FAST_TILE:
+        before = fast.small_steps_run()
+        assert_within(fast.project(x, w), q8_reference(x, w), q8_bound(x, w))
+        assert fast.small_steps_run() == before + 1
+        return
     reference = fast_reference(x, w).astype(np.float64)
     scale = np.abs(to_bfloat16(x)).astype(np.float64) @ np.abs(to_bfloat16(w.dequantize())).T.astype(np.float64)
     out = fast.project(x, w)
@@ -136,9 +143,9 @@ def test_tiles_multiply_the_rounded_values(fast: NativeMatmul, qtype: Q, inner: 
 def test_a_rows_result_does_not_depend_on_its_tile_or_lane(fast: NativeMatmul) -> None:
     w, x = stored(Q.Q4_1, 45, 576), activations(40, 576)
     together = fast.project(x, w)
-    np.testing.assert_array_equal(fast.project(x[20:24], w), together[20:24])
-    np.testing.assert_array_equal(fast.project(np.concatenate([x[7:9], x[33:35]]), w),
-                                  together[[7, 8, 33, 34]])
+    np.testing.assert_array_equal(fast.project(x[20:36], w), together[20:36])
+    np.testing.assert_array_equal(fast.project(np.concatenate([x[7:15], x[30:40]]), w),
+                                  together[[*range(7, 15), *range(30, 40)]])
 
 
 needs_small_steps = on_tiers(SMALL_STEPS, "no AVX2 or NEON dot products on this machine")
@@ -221,11 +228,11 @@ def test_steps_of_up_to_64_rows_multiply_8_bit_x_on_the_avx512_tiers(fast: Nativ
                                                                      outputs: int, rows: int) -> None:
     """Past the small steps, six rows of x at a time: within q8_bound of q8_reference, the 8-bit path run once,
     and each row's floats the ones it gets alone (its sums never meet another row's). On amx, Q4_0 and Q4_1 go
-    to the tiles instead (test_tiles_multiply_the_rounded_values)."""
+    to the tiles instead from 16 rows (test_tiles_multiply_the_rounded_values)."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
     before = fast.small_steps_run()
     out = fast.project(x, w)
-    if fast.fast_uses_tiles and qtype in (Q.Q4_0, Q.Q4_1):  # the tiles' (test_tiles_multiply_the_rounded_values)
+    if fast.fast_uses_tiles and qtype in (Q.Q4_0, Q.Q4_1) and rows >= FAST_TILE:  # the tiles' (test_tiles_...)
         assert fast.small_steps_run() == before
         return
     assert fast.small_steps_run() == before + 1
@@ -309,7 +316,8 @@ def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
 
 @pytest.mark.usefixtures("host_tiles")
 def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: LoadedModel) -> None:
-    """8 chat prompts decoded together (steps of 8 rows: the tiles) for 12 tokens: most continuations agree
+    """8 chat prompts decoded together (steps of 8 rows: the 8-bit path on the Q4_1 layers, the tiles on the
+    Q8_0 head) for 12 tokens: most continuations agree
     token for token with the exact precision's (a projection that read stale values past its own width once
     made every one of them differ from the second token on)."""
     from bench.precision import agreement, greedy, prompts  # noqa: PLC0415 - the benchmark's own helpers

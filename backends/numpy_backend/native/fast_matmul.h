@@ -8,9 +8,10 @@
  * little more.
  *
  * On AVX-512 builds, steps of FAST_MIN_ROWS to Q8_MAX_ROWS rows on the 8-bit path's types that the tiles do not
- * take (all of them without AMX; Q5_0, Q5_1 and the K-quants with it) run the 8-bit path too, six rows of x at a
- * time (q8_dots.h): 1.3-1.5x the exact kernels' speed at 16-64 rows there (docs/PERFORMANCE.md); with AVX2's 16
- * registers, three rows at a time lost to the exact strips. Steps of more rows where the CPU has no AMX or the
+ * take (all of them without AMX; with it Q5_0, Q5_1 and the K-quants, and Q4_0 and Q4_1 below FAST_TILE rows,
+ * where the tiles were slower) run the 8-bit path too, six rows of x at a time (q8_dots.h): 1.3-1.5x the exact
+ * kernels' speed at 16-64 rows there (docs/PERFORMANCE.md); with AVX2's 16 registers, three rows at a time lost
+ * to the exact strips. Steps of more rows where the CPU has no AMX or the
  * kernel does not let the process use it (Linux arch_prctl), other steps on other weight types, the rest on
  * Q5_0, Q5_1 and the K-quants (quant_k.h: no tiles read them), and every small step without AVX2 (or, on
  * AArch64, the dot product extension) run the exact kernels (quant_matmul.h): converting the weights to bfloat16
@@ -270,7 +271,9 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if FAST_AMX
-    if (f->tiles && !eight_lanes_only(w->type)) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
+    /* fewer rows than a tile: the 8-bit path where it reads the weights (SmolLM2's Q4_1 at batch 4: 16 ms
+     * against the tiles' 27; at 16 rows the two are even) */
+    if (f->tiles && !eight_lanes_only(w->type) && !(f->q8 && q8_reads(w->type) && m < FAST_TILE)) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles
          * would hold stale values (multiplied by zeros, but a stale NaN times zero is NaN) */
         const int64_t kp = (k + FAST_K - 1) / FAST_K * FAST_K;
