@@ -84,7 +84,7 @@ class NativeMatmul:
         small_types = " / ".join(sorted(t.name for t in SMALL_STEP_TYPES))
         eight_bit = "8-bit x up to 64 rows, exact past them" if self.fast_wide_steps else "exact"
         if self.fast_uses_tiles:
-            below = "; Q4_0 / Q4_1 below 16 rows: 8-bit x" if self.fast_wide_steps else ""
+            below = ", Q4_0 / Q4_1 below 16 rows: 8-bit x" if self.fast_wide_steps else ""
             tiles = f"bfloat16 products on AMX tiles ({lanes} weights: {eight_bit}{below})"
         elif self.fast_wide_steps:
             tiles = f"{small_types} weights {eight_bit}, other weights exact (no AMX tiles on {tier})"
