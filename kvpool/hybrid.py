@@ -78,7 +78,9 @@ class HybridKVCacheManager:
         A sequence the full layers cannot serve has its window table cut back to where it was (what it gave back
         from behind the window stays given back), so the two stop at the same sequence."""
         served, window_changes = self.window.append(seq_ids, token_ids, counts, start)
-        done, changes = self.full.append(seq_ids[:served], token_ids[:served], counts[:served], start)
+        if served < len(seq_ids):  # the usual step serves all: no copies of its lists then
+            seq_ids, token_ids, counts = seq_ids[:served], token_ids[:served], counts[:served]
+        done, changes = self.full.append(seq_ids, token_ids, counts, start)
         if done == served:
             return done, changes + window_changes if window_changes else changes
         for i in range(done, served):  # each grew by its count in the window's tables
