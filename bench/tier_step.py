@@ -1,6 +1,7 @@
 """The NumPy backend's decode step on each CPU tier this machine runs, in CPU time on one thread:
 
     OMP_NUM_THREADS=1 python -m bench.tier_step [--tiers generic,avx2] [--batches 1,8] [--steps 20] [--model PATH]
+                                                [--modes float32,gguf,gguf-fast]
 
 For each tier (cpu_tiers.py; default: every one the CPU runs) and each mode (float32 weights, the GGUF's own,
 and the GGUF's in the fast precision), the median process CPU time of a decode step at each batch size with
@@ -38,9 +39,10 @@ def step_cpu_ms(backend: NumpyBackend, batch: int, steps: int, timer: AttentionT
     return statistics.median(times) * 1e3
 
 
-def tier_rows(models: dict[str, LoadedModel], tier: str, batches: list[int], steps: int) -> dict[str, list[float]]:
+def tier_rows(models: dict[str, LoadedModel], tier: str, batches: list[int], steps: int,
+              modes: list[str]) -> dict[str, list[float]]:
     timer, rows = AttentionTimer(), {}
-    for mode in TIER_MODES:
+    for mode in modes:
         weights, precision, kv_dtype = MODES[mode]
         backend = NumpyBackend(models[weights], "native", precision, kv_dtype, tier)
         backend.init_cache(max(batches) * (CONTEXT // BLOCK + 1), BLOCK)
@@ -54,19 +56,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,8", help=f"of {BATCHES} or any")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per tier, mode and batch")
     parser.add_argument("--model", default=None, help="a GGUF file (default: the default model)")
+    parser.add_argument("--modes", default=",".join(TIER_MODES), help="of " + ", ".join(TIER_MODES))
     args = parser.parse_args(argv)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches, modes = [int(b) for b in args.batches.split(",")], args.modes.split(",")
+    if unknown := set(modes) - set(TIER_MODES):
+        parser.error(f"--modes: {', '.join(sorted(unknown))} not of {', '.join(TIER_MODES)}")
     print(f"{cpu_model()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
-    models = {"gguf": load_model(args.model, stored=STORED_TYPES), "float32": load_model(args.model, stored=())}
-    rss = {weights: weights_rss_mib(weights, args.model) for weights in ("gguf", "float32")}
-    print(f"model: {models['gguf'].files.path.name}; resident after load (a fresh process, KV pool excluded): "
-          f"gguf {rss['gguf']:.0f} MiB, float32 {rss['float32']:.0f} MiB")
-    print(f"{'tier':>12} {'mode':>10} " + " ".join(f"{f'batch {b} ms':>12}" for b in batches) + "  gguf / float32")
+    needed = {MODES[mode][0] for mode in modes}
+    models = {w: load_model(args.model, stored=STORED_TYPES if w == "gguf" else ()) for w in ("gguf", "float32")
+              if w in needed}
+    rss = {weights: weights_rss_mib(weights, args.model) for weights in models}
+    print(f"model: {next(iter(models.values())).files.path.name}; resident after load (a fresh process, KV pool "
+          "excluded): " + ", ".join(f"{w} {mib:.0f} MiB" for w, mib in rss.items()))
+    ratio_title = "  gguf / float32" if "float32" in modes else ""
+    print(f"{'tier':>12} {'mode':>10} " + " ".join(f"{f'batch {b} ms':>12}" for b in batches) + ratio_title)
     for tier in args.tiers.split(","):
-        rows = tier_rows(models, tier, batches, args.steps)
+        rows = tier_rows(models, tier, batches, args.steps, modes)
         for mode, cells in rows.items():
-            ratio = " ".join(f"{c / f:.2f}" for c, f in zip(cells, rows["float32"], strict=True))
-            print(f"{tier:>12} {mode:>10} " + " ".join(f"{c:>12.1f}" for c in cells) + f"  {ratio}")
+            print(f"{tier:>12} {mode:>10} " + " ".join(f"{c:>12.1f}" for c in cells) + _ratios(cells, rows))
+
+
+def _ratios(cells: list[float], rows: dict[str, list[float]]) -> str:
+    """Each cell over float32's, when float32 ran."""
+    if "float32" not in rows:
+        return ""
+    return "  " + " ".join(f"{c / f:.2f}" for c, f in zip(cells, rows["float32"], strict=True))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
     "backend.cpu_precision": SettingDoc(
         "numpy only: exact (float32 arithmetic on the exactly dequantized weights), fast (bfloat16 products "
         "for batches, on AMX; 8-bit activations and integer products for steps of 1-3 rows on Q4_0 / Q4_1 / "
-        "Q5_0 / Q5_1 / K-quant weights, and of up to 64 rows on AVX-512 CPUs where no tile reads them; "
+        "Q5_0 / Q5_1 / Q8_0 / K-quant weights, and of up to 64 rows on AVX-512 CPUs where no tile reads them; "
         "docs/CONFIG.md: CPU precision)", choices=CPU_PRECISIONS),
     "backend.cpu_isa": SettingDoc(
         "numpy only: the CPU tier the C kernels are built for (its instruction set); auto: the highest this CPU "

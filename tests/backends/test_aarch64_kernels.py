@@ -320,7 +320,7 @@ def small_step_case(qtype: Q, inner: int, outputs: int, rows: int) -> tuple[np.n
 SMALL_CASES = [(qtype, inner, outputs, rows) for qtype, inner, outputs in fast_cases.SMALL_SHAPES
                for rows in SMALL_STEP_ROWS]
 # small steps on the types q8_dots.h does not take, and steps of 4 rows and more (no AMX tiles on AArch64)
-EXACT_IN_FAST = [*product((Q.Q8_0, Q.F16, Q.BF16), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16), (Q.Q5_0, 16),
+EXACT_IN_FAST = [*product((Q.F16, Q.BF16), SMALL_STEP_ROWS), (Q.Q8_0, 16), (Q.Q4_1, 16), (Q.Q5_0, 16),
                  (Q.Q2_K, 16), (Q.Q3_K, 16), (Q.Q4_K, 16), (Q.Q6_K, 16)]
 
 

@@ -29,7 +29,7 @@ from backends.numpy_backend.native.matmul import (
     small_step_parts,
     to_bfloat16,
 )
-from backends.numpy_backend.native.weights import SMALL_STEP_TYPES, STORED_TYPES
+from backends.numpy_backend.native.weights import SMALL_STEP_TYPES, STORED_TYPES, TILED_SMALL_STEP_TYPES
 from tests.backends.bounds import assert_within
 from tests.backends.test_native_quant import K_QUANTS, random_blocks
 from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES, WIDE_STEPS
@@ -39,7 +39,7 @@ SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: 
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 FAST_MIN_ROWS = 4  # fast_matmul.h
-FAST_TILE = 16  # fast_matmul.h: on amx, fewer rows on Q4_0 / Q4_1 take the 8-bit path rather than the tiles
+FAST_TILE = 16  # fast_matmul.h: on amx, fewer rows on Q4_0 / Q4_1 / Q8_0 take the 8-bit path rather than the tiles
 Q8_MAX_ROWS = 64  # fast_matmul.h: the most rows the 8-bit path takes on the AVX-512 tiers
 TYPES = (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16)
 Test = TypeVar("Test", bound=Callable[..., None])
@@ -110,6 +110,11 @@ def activations(rows: int, cols: int, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32)
 
 
+def eight_bit_before_tiles(qtype: Q, rows: int) -> bool:
+    """On amx, whether the 8-bit path takes a step the tiles could (fast_matmul.h's q8_before_tiles)."""
+    return qtype in TILED_SMALL_STEP_TYPES and (rows < FAST_TILE or (qtype == Q.Q8_0 and rows <= 2 * FAST_TILE))
+
+
 def test_bfloat16_rounding_is_to_nearest_even() -> None:
     values = np.array([1.0, 1.00390625, 1.01171875, -3.0, 0.0, 65504.0, 1.0000001], np.float32)
     expected = np.array([1.0, 1.0, 1.015625, -3.0, 0.0, 65536.0, 1.0], np.float32)  # ties go to the even one
@@ -124,10 +129,11 @@ SHAPES = [(t, inner, outputs) for t in TYPES for inner, outputs in ((64, 13), (5
 @pytest.mark.parametrize(("qtype", "inner", "outputs"), SHAPES, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("rows", [FAST_MIN_ROWS, 5, 16, 17, 33, 64, 130])
 def test_tiles_multiply_the_rounded_values(fast: NativeMatmul, qtype: Q, inner: int, outputs: int, rows: int) -> None:
-    """Every type; rows and weight rows past whole tiles of 16 (zero padding). Fewer rows than a tile on Q4_0 and
-    Q4_1 take the 8-bit path instead (faster there), within its bound."""
+    """Every type; rows and weight rows past whole tiles of 16 (zero padding). Fewer rows than a tile on Q4_0,
+    Q4_1 and Q8_0, and up to two tiles on Q8_0 (q8_lanes.h), take the 8-bit path instead (faster there), within
+    its bound."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
-    if qtype in (Q.Q4_0, Q.Q4_1) and rows < FAST_TILE:
+    if eight_bit_before_tiles(qtype, rows):
         before = fast.small_steps_run()
         assert_within(fast.project(x, w), q8_reference(x, w), q8_bound(x, w))
         assert fast.small_steps_run() == before + 1
@@ -156,7 +162,7 @@ def host_small_steps() -> None:
     """For the tests through the backend, which runs the host's own tier: a skip where it has no 8-bit path."""
     if HOST.choose().name not in SMALL_STEPS:
         hardware_absent("no AVX2 or NEON dot products on this machine")
-SMALL_TYPES = tuple(sorted(SMALL_STEP_TYPES))  # Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+SMALL_TYPES = tuple(sorted(SMALL_STEP_TYPES))  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 SMALL_SHAPES = [(t, inner, outputs) for t in SMALL_TYPES
                 for inner, outputs in (((256, 3), (512, 13), (768, 960), (1536, 577)) if t in K_QUANTS
                                        else ((32, 3), (64, 13), (576, 960), (1536, 577)))]
@@ -198,7 +204,7 @@ def test_the_small_steps_integers_are_ggufs_weights(qtype: Q) -> None:
     w = stored(qtype, 13, small_width(qtype, 576))
     q, d, offset = small_step_parts(w)
     low, high = {Q.Q5_0: (0, 31), Q.Q5_1: (0, 31), Q.Q5_K: (0, 31), Q.Q6_K: (-32, 31), Q.Q2_K: (0, 3),
-                 Q.Q3_K: (-4, 3)}.get(qtype, (0, 15))
+                 Q.Q3_K: (-4, 3), Q.Q8_0: (-127, 127)}.get(qtype, (0, 15))
     assert q.min() == low and q.max() == high
     weights = (np.repeat(d, 16, axis=2) * q + np.repeat(offset, 16, axis=2)).astype(np.float32).reshape(w.shape)
     np.testing.assert_array_equal(weights, w.dequantize())
@@ -223,16 +229,17 @@ WIDE_SHAPES = [(t, 512 if t in K_QUANTS else 608, 21) for t in SMALL_TYPES]
 
 @needs_wide_steps
 @pytest.mark.parametrize(("qtype", "inner", "outputs"), WIDE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
-@pytest.mark.parametrize("rows", [FAST_MIN_ROWS, 7, Q8_MAX_ROWS])
+@pytest.mark.parametrize("rows", [FAST_MIN_ROWS, 7, 8, 20, 33, Q8_MAX_ROWS])
 def test_steps_of_up_to_64_rows_multiply_8_bit_x_on_the_avx512_tiers(fast: NativeMatmul, qtype: Q, inner: int,
                                                                      outputs: int, rows: int) -> None:
-    """Past the small steps, six rows of x at a time: within q8_bound of q8_reference, the 8-bit path run once,
-    and each row's floats the ones it gets alone (its sums never meet another row's). On amx, Q4_0 and Q4_1 go
-    to the tiles instead from 16 rows (test_tiles_multiply_the_rounded_values)."""
+    """Past the small steps, six rows of x at a time (Q8_0 from 8 rows: 16 at a time in lanes, q8_lanes.h, the
+    last 16 part empty): within q8_bound of q8_reference, the 8-bit path run once, and each row's floats the ones
+    it gets alone (its sums never meet another row's; alone, a row takes the small step's path). On amx, Q4_0 and
+    Q4_1 go to the tiles instead from 16 rows, Q8_0 from 33 (test_tiles_multiply_the_rounded_values)."""
     w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
     before = fast.small_steps_run()
     out = fast.project(x, w)
-    if fast.fast_uses_tiles and qtype in (Q.Q4_0, Q.Q4_1) and rows >= FAST_TILE:  # the tiles' (test_tiles_...)
+    if fast.fast_uses_tiles and qtype in TILED_SMALL_STEP_TYPES and not eight_bit_before_tiles(qtype, rows):
         assert fast.small_steps_run() == before
         return
     assert fast.small_steps_run() == before + 1
@@ -269,7 +276,7 @@ def test_a_small_steps_rows_do_not_depend_on_each_other(fast: NativeMatmul) -> N
         np.testing.assert_array_equal(fast.project(x[i : i + 1], w), together[i : i + 1])
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.F16, Q.BF16])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
 @pytest.mark.parametrize("rows", [1, 2, FAST_MIN_ROWS - 1])
 def test_small_steps_on_other_weights_are_exact(fast: NativeMatmul, exact: NativeMatmul, qtype: Q,
                                                 rows: int) -> None:
@@ -282,7 +289,7 @@ def test_without_tiles_large_steps_are_exact(fast: NativeMatmul, exact: NativeMa
         assert fast.fast
         hardware_absent("this machine has the tiles; the check needs a CPU without them")
     assert fast.fast == fast.fast_small_steps
-    w, x = stored(Q.Q8_0, 30, 64), activations(16, 64)
+    w, x = stored(Q.F16, 30, 64), activations(16, 64)  # no 8-bit path reads F16
     np.testing.assert_array_equal(fast.project(x, w), exact.project(x, w))
 
 
@@ -316,8 +323,8 @@ def test_the_fused_step_in_the_fast_precision(model: LoadedModel) -> None:
 
 @pytest.mark.usefixtures("host_tiles")
 def test_greedy_decoding_in_the_fast_precision_follows_the_exact_one(model: LoadedModel) -> None:
-    """8 chat prompts decoded together (steps of 8 rows: the 8-bit path on the Q4_1 layers, the tiles on the
-    Q8_0 head) for 12 tokens: most continuations agree
+    """8 chat prompts decoded together (steps of 8 rows: the 8-bit path on the Q4_1 layers and the Q8_0 head)
+    for 12 tokens: most continuations agree
     token for token with the exact precision's (a projection that read stale values past its own width once
     made every one of them differ from the second token on)."""
     from bench.precision import agreement, greedy, prompts  # noqa: PLC0415 - the benchmark's own helpers

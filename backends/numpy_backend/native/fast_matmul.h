@@ -1,5 +1,5 @@
-/* The "fast" precision's projections. Steps of fewer than FAST_MIN_ROWS rows on Q4_0 / Q4_1 / Q5_0 / Q5_1 and the
- * K-quants: x rounded to 8-bit integers per block and multiplied in integers (q8_dots.h, q8_k.h). For steps of
+/* The "fast" precision's projections. Steps of fewer than FAST_MIN_ROWS rows on Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
+ * and the K-quants: x rounded to 8-bit integers per block and multiplied in integers (q8_dots.h, q8_k.h). For steps of
  * FAST_MIN_ROWS rows or more, y = x @ w.T with x and every weight rounded to bfloat16 (round to nearest even),
  * their products exact in float32 and summed in float32, on the CPU's AMX tile unit: TDPBF16PS multiplies a
  * 16 x 32 tile of weights by a 32 x 16 tile of x in one instruction, 8192 multiply-adds, where the float32
@@ -8,8 +8,8 @@
  * little more.
  *
  * On AVX-512 builds, steps of FAST_MIN_ROWS to Q8_MAX_ROWS rows on the 8-bit path's types that the tiles do not
- * take (all of them without AMX; with it Q5_0, Q5_1 and the K-quants, and Q4_0 and Q4_1 below FAST_TILE rows,
- * where the tiles were slower) run the 8-bit path too, six rows of x at a time (q8_dots.h): 1.3-1.5x the exact
+ * take (all of them without AMX; with it Q5_0, Q5_1 and the K-quants, and Q4_0, Q4_1 and Q8_0 below FAST_TILE
+ * rows, where the tiles were slower) run the 8-bit path too, six rows of x at a time (q8_dots.h): 1.3-1.5x the exact
  * kernels' speed at 16-64 rows there (docs/PERFORMANCE.md); with AVX2's 16 registers, three rows at a time lost
  * to the exact strips. Steps of more rows where the CPU has no AMX or the
  * kernel does not let the process use it (Linux arch_prctl), other steps on other weight types, the rest on
@@ -219,6 +219,15 @@ static void project_amx(const float *x, const Weights *w, float *y, int64_t m, i
 }
 #endif /* FAST_AMX */
 
+/* Whether a step of m rows on weights the tiles read takes the 8-bit path instead: Q4_0 / Q4_1 below a tile
+ * (SmolLM2's Q4_1 at batch 4: 16 ms against the tiles' 27; even at 16 rows), Q8_0 below a tile, and with x in
+ * lanes (q8_lanes.h) up to 32 rows (Gemma 3's head, one thread: 18.5 ms against 30.8 at 16 rows, even at 32, 73
+ * against 55 at 64). */
+static inline int q8_before_tiles(int32_t type, int64_t m) {
+    if (!q8_reads(type)) return 0;
+    return m < FAST_TILE || (Q8_LANES && type == WEIGHTS_Q8_0 && m <= 2 * FAST_TILE);
+}
+
 /* 1 when the fast projections run on AMX in this process, 0 when on the plain path. */
 static inline int fast_uses_amx(void) {
 #if FAST_AMX
@@ -251,7 +260,7 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
     /* past the small steps, only where a group takes x six rows at a time: three at a time lost to the strips */
     f->q8 = Q8_DOTS && fast && m > 0 && (m < FAST_MIN_ROWS || (Q8_CHUNK > 3 && m <= Q8_MAX_ROWS));
-    const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_x_bytes(m, kmax) + 3) / 4 : 0;
+    const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_work_bytes(m, kmax) + 3) / 4 : 0;
     const int64_t most = tiles > strips ? tiles : strips;
     f->stride = ((most > q8 ? most : q8) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
     f->per_thread = aligned_alloc(64, sizeof(float) * (size_t)(f->stride * threads));
@@ -271,9 +280,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if FAST_AMX
-    /* fewer rows than a tile: the 8-bit path where it reads the weights (SmolLM2's Q4_1 at batch 4: 16 ms
-     * against the tiles' 27; at 16 rows the two are even) */
-    if (f->tiles && !eight_lanes_only(w->type) && !(f->q8 && q8_reads(w->type) && m < FAST_TILE)) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
+    if (f->tiles && !eight_lanes_only(w->type) && !(f->q8 && q8_before_tiles(w->type, m))) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles
          * would hold stale values (multiplied by zeros, but a stale NaN times zero is NaN) */
         const int64_t kp = (k + FAST_K - 1) / FAST_K * FAST_K;

@@ -17,7 +17,13 @@ from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
-from backends.numpy_backend.native.weights import EIGHT_LANES_ONLY, SMALL_STEP_TYPES, c_weights, readable
+from backends.numpy_backend.native.weights import (
+    EIGHT_LANES_ONLY,
+    SMALL_STEP_TYPES,
+    TILED_SMALL_STEP_TYPES,
+    c_weights,
+    readable,
+)
 
 Projection = Callable[[np.ndarray, Matrix], np.ndarray]  # (x, w) -> x @ w.T
 
@@ -34,8 +40,8 @@ class NativeMatmul:
     stored quantized (the per-call float32 copy of one matrix, never kept). With `fast`, the fast precision
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows (not on the
     EIGHT_LANES_ONLY types: Q5_0, Q5_1, the K-quants); on every tier but generic, steps of 1-3 rows on the
-    SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, the K-quants) with 8-bit x (q8_dots.h, q8_k.h, q8_k23.h). Other steps
-    are exact."""
+    SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants) with 8-bit x (q8_dots.h, q8_k.h, q8_k23.h,
+    q8_q8_0.h). Other steps are exact."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
                  library_path: Path | None = None, tier: CpuTier | None = None) -> None:
@@ -84,7 +90,8 @@ class NativeMatmul:
         small_types = " / ".join(sorted(t.name for t in SMALL_STEP_TYPES))
         eight_bit = "8-bit x up to 64 rows, exact past them" if self.fast_wide_steps else "exact"
         if self.fast_uses_tiles:
-            below = ", Q4_0 / Q4_1 below 16 rows: 8-bit x" if self.fast_wide_steps else ""
+            tiled = " / ".join(sorted(t.name for t in TILED_SMALL_STEP_TYPES))
+            below = f", {tiled} below 16 rows: 8-bit x" if self.fast_wide_steps else ""
             tiles = f"bfloat16 products on AMX tiles ({lanes} weights: {eight_bit}{below})"
         elif self.fast_wide_steps:
             tiles = f"{small_types} weights {eight_bit}, other weights exact (no AMX tiles on {tier})"
@@ -154,9 +161,10 @@ def small_step_parts(w: QuantMatrix) -> Parts:
     """The integers q (n, k / 32, 32) of a matrix of a type the small steps read, each half block's scale
     (n, k / 32, 2) and offset (n, k / 32, 2) such that each weight is scale * q + offset, from gguf's block
     layouts (quant_k.h's header): Q4_0 / Q4_1 4 bits, Q5_0 / Q5_1 5 (qh's bit j above weight j's nibble), offset
-    -8 d, -16 d, or m; Q4_K / Q5_K 4 or 5 bits, scale d * sc and offset -dmin * mn of each sub-block; Q6_K q - 32
-    (signed), scale d * scale of each 16 weights, offset 0; Q2_K 2 bits, scale d * sc and offset -dmin * mn of
-    each 16 weights; Q3_K q - 4 (3 bits, signed), scale d * scale of each 16 weights, offset 0."""
+    -8 d, -16 d, or m; Q8_0 8 bits (signed), scale d, offset 0; Q4_K / Q5_K 4 or 5 bits, scale d * sc and offset
+    -dmin * mn of each sub-block; Q6_K q - 32 (signed), scale d * scale of each 16 weights, offset 0; Q2_K 2 bits,
+    scale d * sc and offset -dmin * mn of each 16 weights; Q3_K q - 4 (3 bits, signed), scale d * scale of each
+    16 weights, offset 0."""
     if w.qtype in (Q.Q2_K, Q.Q3_K):
         return k23_parts(w)
     if w.qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
@@ -164,6 +172,8 @@ def small_step_parts(w: QuantMatrix) -> Parts:
     n, blocks = w.shape[0], w.shape[1] // 32
     raw = w.data.reshape(n, blocks, -1)
     d = half(raw, 0)
+    if w.qtype == Q.Q8_0:  # d, then 32 signed bytes: offset 0
+        return raw[..., 2:].view(np.int8).astype(np.int64), per_half(d), np.zeros((n, blocks, 2))
     start = 4 if w.qtype in WITH_MIN else 2
     if w.qtype in FIVE_BITS:
         qh = raw[..., start : start + 4].copy().view(np.uint32)[..., 0].astype(np.int64)
@@ -257,7 +267,7 @@ def q8_reference(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 
 def q8_bound(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     """Worst-case float32 error of q8_dots.h against q8_reference (first order in float32's unit roundoff U):
-    the dots convert exactly (|dot| <= 32 * 32 * 127 < 2^24) and dx * sum(qx) and scale * dx round once (U of
+    the dots convert exactly (|dot| <= 32 * 128 * 127 < 2^24) and dx * sum(qx) and scale * dx round once (U of
     each term; Q2_K's and Q3_K's scales multiply the dots in integers), each FMA into its chain (one a block,
     Q6_K's two) rounds once (U of the chain so far, at most
     the sum of the terms' sizes), and the two chains' sum once: (FMAs + 2) U times the sum of |terms|, with 2 U

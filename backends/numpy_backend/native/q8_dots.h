@@ -1,5 +1,6 @@
 /* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x (on AVX-512 builds up to
- * Q8_MAX_ROWS, fast_matmul.h) and Q4_0, Q4_1, Q5_0 or Q5_1 weights (the K-quants: q8_k.h, q8_k23.h), multiplied in
+ * Q8_MAX_ROWS, fast_matmul.h) and Q4_0, Q4_1, Q5_0 or Q5_1 weights (the K-quants: q8_k.h, q8_k23.h; Q8_0:
+ * q8_q8_0.h), multiplied in
  * integers (as llama.cpp's CPU kernels do). Each row of x is
  * rounded, per block of 32, to 8-bit integers qx with one scale dx = max |x| / 127; each block's 32 products of
  * the stored 4-bit (Q5: 5-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
@@ -11,9 +12,9 @@
  * from qh above it, 0..31). The exact kernels dequantize every weight to a float and multiply floats, which
  * kept a batch-1 step's projections bound by the arithmetic at half the bus's speed. Here 8 weight rows are
  * multiplied together, one a lane (q8_group_t): a block of the 8 rows costs four loads and eight shuffles to
- * transpose their bytes, eight masks, eight integer dots, and one conversion and one FMA per row of x. Q8_0 (the
- * default model's output head) stays exact: its exact kernel already reads at the bus's speed, and rounding x
- * for it too moved perplexity by 0.78 % instead of 0.55 % (with the loop of that time).
+ * transpose their bytes, eight masks, eight integer dots, and one conversion and one FMA per row of x. Q8_0 had
+ * stayed exact (SmolLM2's 30 MB head read at the bus's speed either way, and rounding x for it moved perplexity
+ * by 0.78 % instead of 0.55 % with the loop of that time) until Gemma 3's 178 MB one: q8_q8_0.h.
  *
  * Rounding x costs accuracy, measured by bench/precision.py against the exact precision; and a row's result
  * depends on its step's size (these for small steps, the tiles of fast_matmul.h for larger ones). The
@@ -50,22 +51,24 @@
 #if Q8_DOTS
 static inline int q8_reads(int32_t type) {
     return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 ||
-           is_k_quant(type) || is_k23(type);
+           type == WEIGHTS_Q8_0 || is_k_quant(type) || is_k23(type);
 }
 
 /* x rounded: m rows of k (k % 32 == 0) in one buffer of q8_x_bytes(m, k), laid out as below. */
 typedef struct {
-    int8_t *q; /* m x k: qx */
-    float *d;  /* m x k / 32: each block's dx */
-    float *s;  /* m x k / 32: each block's sx = dx * sum(qx) */
+    int8_t *q;  /* m x k: qx */
+    float *d;   /* m x k / 32: each block's dx */
+    float *s;   /* m x k / 32: each block's sx = dx * sum(qx) */
+    int32_t *n; /* m x k / 32: each block's sum(qx) (Q8_0's unsigned weights take back 128 of them: q8_q8_0.h) */
 } Q8Rows;
 
-static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return m * k + 2 * m * (k / QBLOCK) * 4; }
+static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return m * k + 3 * m * (k / QBLOCK) * 4; }
 
 static inline Q8Rows q8_rows_in(void *buffer, int64_t m, int64_t k) {
     Q8Rows r;
     r.d = (float *)buffer, r.s = r.d + m * (k / QBLOCK);
-    r.q = (int8_t *)(r.s + m * (k / QBLOCK));
+    r.n = (int32_t *)(r.s + m * (k / QBLOCK));
+    r.q = (int8_t *)(r.n + m * (k / QBLOCK));
     return r;
 }
 
@@ -78,6 +81,7 @@ static inline int64_t q8_block_bytes(int32_t type) {
     case WEIGHTS_Q4_1: return 20;
     case WEIGHTS_Q5_0: return Q5_0_BYTES;
     case WEIGHTS_Q5_1: return Q5_1_BYTES;
+    case WEIGHTS_Q8_0: return 34;
     default: return 18;
     }
 }
@@ -95,7 +99,7 @@ static inline float q8_offset(int32_t type) { return type == WEIGHTS_Q5_0 ? -16.
 /* Block c (32 floats at x) rounded: qx = round-to-nearest-even(x / dx), as NumPy's rint of x * (1 / dx). (A block
  * whose largest value is below ~4e-37 has a subnormal dx, whose inverse is inf: its qx are then -128 where NumPy's
  * are undefined, and its products, times dx, are below 1e-36.) */
-static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
+static inline void q8_block(const float *x, int8_t *q, float *d, float *s, int32_t *n) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], big = _mm256_setzero_ps();
     for (int u = 0; u < 4; u++) {
@@ -116,7 +120,8 @@ static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
-    *d = scale, *s = scale * (float)_mm_cvtsi128_si32(t);
+    *n = _mm_cvtsi128_si32(t);
+    *d = scale, *s = scale * (float)*n;
 }
 
 /* acc + the 8 int32 sums of 4 products each of unsigned u and signed s bytes. (pmaddubsw's int16 pairs cannot
@@ -277,7 +282,7 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
 /* q8_block with NEON: the same rounding (vcvtnq_s32_f32: to nearest, ties to even), narrowed to int8 with
  * saturation (vqmovn) where AVX2's packs saturate. (A block with a subnormal dx saturates its qx to +-127 here
  * where AVX2 gives -128, and sums them differently: products below 1e-36 either way.) */
-static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
+static inline void q8_block(const float *x, int8_t *q, float *d, float *s, int32_t *n) {
     float32x4_t v[8], big = vdupq_n_f32(0.0f);
     for (int u = 0; u < 8; u++) {
         v[u] = vld1q_f32(x + 4 * u);
@@ -294,7 +299,8 @@ static inline void q8_block(const float *x, int8_t *q, float *d, float *s) {
     for (int u = 0; u < 4; u++) h[u] = vcombine_s16(vqmovn_s32(i[2 * u]), vqmovn_s32(i[2 * u + 1]));
     vst1q_s8(q, vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1])));
     vst1q_s8(q + 16, vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3])));
-    *d = scale, *s = scale * (float)vaddvq_s32(total);
+    *n = vaddvq_s32(total);
+    *d = scale, *s = scale * (float)*n;
 }
 
 /* The float16 at `offset` of four rows (a block's d or m), widened (exact): gathered one by one. */
@@ -371,11 +377,13 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
 
 #include "q8_k.h"   /* the K-quants' groups */
 #include "q8_k23.h" /* Q2_K's and Q3_K's */
+#include "q8_q8_0.h" /* Q8_0's */
+#include "q8_lanes.h" /* Q8_0's and the K-quants', rows of x in lanes, for steps of 8+ rows (AVX-512 VNNI) */
 
 /* Every row of x rounded into r. */
 static void q8_quantize(const float *x, int64_t m, int64_t k, const Q8Rows *r) {
     for (int64_t c = 0; c < m * k / QBLOCK; c++)
-        q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c);
+        q8_block(x + c * QBLOCK, r->q + c * QBLOCK, r->d + c, r->s + c, r->n + c);
 }
 
 #if Q8_CHUNK > 3
@@ -404,6 +412,7 @@ __attribute__((aligned(HOT_ALIGN))) static void q8_group_of(const Q8Rows *x, con
     case WEIGHTS_Q4_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q4_K) break;
     case WEIGHTS_Q5_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q5_K) break;
     case WEIGHTS_Q6_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q6_K) break;
+    case WEIGHTS_Q8_0: Q8_GROUP_ROWS(q8_group_q8_0_t, WEIGHTS_Q8_0) break;
     default: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q4_0) break;
     }
 #undef Q8_GROUP_ROWS
@@ -412,7 +421,7 @@ __attribute__((aligned(HOT_ALIGN))) static void q8_group_of(const Q8Rows *x, con
 /* Rows [first, first + count) of x rounded: the same layout, a view into it. */
 static inline Q8Rows q8_rows_from(const Q8Rows *x, int64_t first, int64_t k) {
     const int64_t blocks = k / QBLOCK;
-    return (Q8Rows){x->q + first * k, x->d + first * blocks, x->s + first * blocks};
+    return (Q8Rows){x->q + first * k, x->d + first * blocks, x->s + first * blocks, x->n + first * blocks};
 }
 
 /* y (m, n) (+)= x (m, k) @ w.T for q8_reads(w->type), shared among the threads of the enclosing OpenMP region as
@@ -424,6 +433,12 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
                        void *mine) {
     const Q8Rows rows = q8_rows_in(mine, m, k);
     q8_quantize(x, m, k, &rows);
+#if Q8_LANES
+    if (q8_lanes_read(w->type) && m >= Q8_LANES_MIN_ROWS) {
+        project_q8_lanes(&rows, w, y, m, k, n, add, (char *)mine + q8_x_bytes(m, k));
+        return;
+    }
+#endif
     /* Q2_K / Q3_K sent apart here, not in q8_group_of: a test for them there changed its code for every type */
     const int k23 = is_k23(w->type);
 #pragma omp for schedule(static)
@@ -437,9 +452,12 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
                 q8_group_of(&chunk, w, y + r * n, count, k, n, t * Q8_GROUP, add);
         }
 }
+/* What project_q8 needs of a thread's buffer: x rounded, and for Q8_LANES x in lanes too. */
+static inline int64_t q8_work_bytes(int64_t m, int64_t k) { return q8_x_bytes(m, k) + q8_lanes_bytes(m, k); }
 #else
+#define Q8_LANES 0
 static inline int q8_reads(int32_t type) { return (void)type, 0; }
-static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return (void)m, (void)k, 0; }
+static inline int64_t q8_work_bytes(int64_t m, int64_t k) { return (void)m, (void)k, 0; }
 #endif
 
 #endif
