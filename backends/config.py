@@ -11,6 +11,7 @@ CPU_KERNELS = ("auto", "native", "numpy")
 WEIGHTS = ("gguf", "float32")
 CPU_PRECISIONS = ("exact", "fast")
 KV_CACHE_DTYPES = ("float32", "float16")
+CUDA_GRAPH_MODES = ("eager", "lazy", "off")  # backends/cupy_backend/graphs.py checks the same
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class BackendConfig:
     cpu_precision: str = "exact"  # numpy only: exact (float32 arithmetic) | fast (bfloat16 products, batches)
     kv_cache_dtype: str = "float32"  # numpy only: float32 | float16 (half the KV bytes; cupy's cache is in dtype)
     cpu_isa: str = "auto"  # numpy only: the CPU tier the C kernels are built for; auto: the highest this CPU runs
+    # cupy only: decode steps as CUDA graph replays, captured at start-up (eager) or at a bucket's first step (lazy)
+    cuda_graphs: str = "eager"
+    cuda_graph_max_batch: int = 256  # cupy only: the largest decode batch replayed from a graph
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "float16", "bfloat16"):
@@ -48,6 +52,10 @@ class BackendConfig:
             raise ValueError(f"kv_cache_dtype is a numpy backend setting (the {self.name} backend's cache is {where})")
         if self.cpu_isa != "auto" and self.name in ("cupy", "sim"):
             raise ValueError(f"cpu_isa is a numpy backend setting (the {self.name} backend runs no C kernels)")
+        if self.cuda_graphs not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPH_MODES}, not {self.cuda_graphs!r}")
+        if self.cuda_graph_max_batch < 1:
+            raise ValueError(f"cuda_graph_max_batch must be at least 1, not {self.cuda_graph_max_batch}")
         if self.sim_faults:  # a typo fails at start-up, naming the item
             from backends.sim_backend.faults import parse_faults  # noqa: PLC0415 - the sim package imports us
 

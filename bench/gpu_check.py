@@ -14,6 +14,8 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
                     matrix per second against the peak; and the dense copy larger batches take instead
   e2e_decode_quant  e2e_decode on the same weights stored as the default model's file stores them (Q4_1
                     matrices, a Q8_0 embedding and head), batch 1, 8 (the GEMV), 64 and 256 (dense copies)
+  cuda_graphs       e2e_decode's step time at batch 1, 8, 64 and 256, eager against the replay of the batch's
+                    CUDA graphs (captured during the warm-up steps), and the graphs' capture time and memory
 Prints a summary and writes every number to --out as JSON. Exit status 0 only when every section passed (or was
 skipped on request).
 """
@@ -68,6 +70,7 @@ class Plan:
     gemv_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 16384, 8192), ("q8_0", 49152, 576))  # type, n, k
     gemv_rows: tuple[int, ...] = (1, 8)
     gemv_repeats: int = 20
+    graph_batches: tuple[int, ...] = (1, 8, 64, 256)
 
 
 @dataclass
@@ -367,6 +370,48 @@ def _rate(num_bytes: int, seconds: float, peak: float | None) -> dict[str, Any]:
             "fraction_of_peak": None if not peak else round(gbs / peak, 3)}
 
 
+def cuda_graphs(ctx: Context) -> dict[str, Any]:
+    """CupyBackend.execute on decode-only batches with CUDA graphs off, then replayed (captured lazily, in the
+    warm-up steps), on e2e_decode's random weights."""
+    from backends.cupy_backend.synthetic import random_weights, smollm2_shape  # noqa: PLC0415
+
+    plan = ctx.plan
+    config = replace(smollm2_shape(plan.num_layers), vocab_size=plan.vocab_size)
+    weights = random_weights(config)
+    eager, _ = _graph_steps(ctx, config, weights, "off")
+    replayed, captured = _graph_steps(ctx, config, weights, "lazy")
+    info: dict[str, Any] = {"dtype": plan.dtype, "context": plan.decode_context, "layers": plan.num_layers,
+                            "batches": {}, **captured}
+    for batch in plan.graph_batches:
+        off, on = eager[batch], replayed[batch]
+        info["batches"][str(batch)] = {"eager_ms": round(off * 1e3, 3), "replay_ms": round(on * 1e3, 3),
+                                       "speedup": round(off / on, 2)}
+    steps = ", ".join(f"b{b}: {v['eager_ms']} -> {v['replay_ms']} ms" for b, v in info["batches"].items())
+    info["summary"] = f"{plan.dtype} decode step eager -> graph replay: {steps}"
+    return info
+
+
+def _graph_steps(ctx: Context, config: Any, weights: Any, mode: str) -> tuple[dict[int, float], dict[str, Any]]:
+    """Median step seconds per batch of plan.graph_batches with graphs `mode`, and what the graphs hold."""
+    from backends.cupy_backend.backend import CupyBackend  # noqa: PLC0415
+    from backends.cupy_backend.graphs import GraphSettings  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    per_seq = -(-(plan.decode_context + 1) // plan.block_size)
+    graphs = GraphSettings(mode, max(plan.graph_batches))
+    backend = CupyBackend(config, weights, device, dtype=plan.dtype, graphs=graphs)
+    backend.init_cache(max(plan.graph_batches) * per_seq, plan.block_size)
+    start = time.perf_counter()
+    seconds = {batch: _decode_step_seconds(backend, batch, per_seq, plan) for batch in plan.graph_batches}
+    if backend.graphs is None:
+        return seconds, {}
+    buckets = sorted(backend.graphs.graphs)
+    if mode != "off" and len(buckets) != len(set(plan.graph_batches)):  # every batch here is a bucket
+        raise RuntimeError(f"graphs captured for buckets {buckets}, not for {plan.graph_batches}")
+    return seconds, {"buckets": buckets, "graph_mib": round(backend.graphs.memory_bytes() / 2**20, 1),
+                     "warmup_and_steps_s": round(time.perf_counter() - start, 1)}
+
+
 def _decode_step_seconds(backend: Any, batch: int, per_seq: int, plan: Plan) -> float:
     """Median wall time of one decode step for `batch` sequences at decode_context tokens. The same batch
     runs repeatedly (it rewrites the same slots): identical work each time, no scheduler in the loop."""
@@ -427,6 +472,7 @@ SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds 
     ("e2e_decode", e2e_decode, 30.0),
     ("quant_gemv", quant_gemv, 15.0),
     ("e2e_decode_quant", e2e_decode_quant, 30.0),
+    ("cuda_graphs", cuda_graphs, 40.0),
 )
 
 

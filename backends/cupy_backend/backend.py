@@ -2,26 +2,30 @@
 
 Per step: the batch's arrays go to the device in a few transfers, copy-on-write block copies run on the
 device, the forward writes the step's K/V and attends, logits are computed only for the sampled rows, and
-only the sampled ids (and logprobs when asked) come back to the host.
+only the sampled ids (and logprobs when asked) come back to the host. A pure decode step replays its
+batch-size bucket's CUDA graphs instead, when they are on (graphs.py).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.base import BackendError, Clock, KVGeometry, StepBatch, StepOutput
+from backends.base import BackendError, Clock, KVGeometry, SamplingInputs, StepBatch, StepOutput
 from backends.cupy_backend import launch
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.device_model import DeviceKVCache, upload_weights
 from backends.cupy_backend.forward import Forward
 from backends.cupy_backend.gemm import Gemm, choose_gemm
+from backends.cupy_backend.graph_sampling import graphable_sampling
+from backends.cupy_backend.graphs import DecodeGraphs, GraphSettings
 from backends.cupy_backend.ops import Kernels
 from backends.cupy_backend.projections import Projections
 from backends.cupy_backend.quant_ops import QuantKernels
-from backends.cupy_backend.step_inputs import upload_sampling, upload_step
+from backends.cupy_backend.step_inputs import DeviceStep, upload_sampling, upload_step
 from backends.cupy_backend.storage import storage_for
 from backends.model.quant import QuantMatrix
 from backends.sampling import SampleResult, sample
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
     from backends.model.config import ModelConfig
     from backends.model.weights import ModelWeights
 
+log = logging.getLogger(__name__)
+
 
 class CupyBackend:
     name = "cupy"
@@ -38,9 +44,11 @@ class CupyBackend:
     step_is_instant = False  # a step waits on the device: off the event loop
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, device: Device, dtype: str = "float32",
-                 partition_size: int = launch.DEFAULT_PARTITION_SIZE, gemm: Gemm | None = None) -> None:
+                 partition_size: int = launch.DEFAULT_PARTITION_SIZE, gemm: Gemm | None = None,
+                 graphs: GraphSettings | None = None) -> None:
         _check_supported(config)
         self.config, self.device = config, device
+        self.graph_settings = graphs if graphs is not None else GraphSettings()  # default: off
         self.storage = storage_for(dtype)
         self.gemm = gemm if gemm is not None else choose_gemm(device.xp, self.storage)
         self.weights = upload_weights(device.xp, self.storage, config, weights)
@@ -49,6 +57,7 @@ class CupyBackend:
         proj = Projections(self.gemm, QuantKernels(device.xp, device.launcher, self.storage))
         self.forward = Forward(config, self.weights, kernels, proj)
         self._cache: DeviceKVCache | None = None
+        self.graphs: DecodeGraphs | None = None  # made with the cache: graphs read it where they were captured
 
     def cost_prior(self) -> CostCoefficients:
         """A first guess at step times for a datacenter GPU driven from Python (1 TB/s, 100 TFLOP/s, 5 ms of
@@ -76,16 +85,33 @@ class CupyBackend:
         if window_blocks > 0:  # kv_geometry reports no window layers: no pool of their own to size
             raise BackendError("the cupy backend keeps every layer's KV in one pool: window_blocks must be 0")
         geo = self.kv_geometry
-        self._cache = None  # free the old cache before allocating its replacement
+        self._cache, self.graphs = None, None  # free the old cache (and graphs reading it) before the new one
         self._cache = DeviceKVCache(self.device.xp, self.storage, geo.num_layers, num_blocks, block_size,
                                     geo.num_kv_heads, geo.head_dim)
+        self.graphs = self._new_graphs(num_blocks, block_size)
+
+    def _new_graphs(self, num_blocks: int, block_size: int) -> DecodeGraphs | None:
+        """The decode graphs for the new cache, every bucket captured now in `eager` mode; None when off."""
+        settings = self.graph_settings
+        if settings.mode == "off":
+            return None
+        if self.device.graphs is None:
+            log.warning("device %s captures no CUDA graphs: decode steps run eagerly", self.device.name)
+            return None
+        max_blocks = min(num_blocks, -(-self.config.context_length // block_size))
+        graphs = DecodeGraphs(settings, self.device, self._forward_logits, max_blocks, block_size)
+        if settings.mode == "eager":
+            graphs.capture_all()
+        return graphs
+
+    def _forward_logits(self, step: DeviceStep) -> Any:
+        x, residual = self.forward.hidden_states(step, self.cache)
+        return self.forward.logits(step, x, residual)
 
     def device_logits(self, batch: StepBatch, want_logits: bool = True) -> Any:
-        """Runs the step's forward (writing its K/V); returns the (S, vocab) float32 device logits of
+        """Runs the step's forward eagerly (writing its K/V); returns the (S, vocab) float32 device logits of
         batch.sample_rows, or None when there is nothing to sample or they are not wanted."""
-        if batch.num_tokens and int(batch.positions.max()) >= self.config.context_length:
-            raise BackendError(f"position {int(batch.positions.max())} is past the model's context length "
-                               f"{self.config.context_length}")
+        self._check_positions(batch)
         step = upload_step(self.device.xp, batch)
         self.cache.copy_blocks(batch.block_copies)
         if step.num_tokens == 0:
@@ -94,6 +120,18 @@ class CupyBackend:
         if not want_logits or batch.sample_rows.size == 0:
             return None
         return self.forward.logits(step, x, residual)
+
+    def graph_logits(self, batch: StepBatch, bucket: int) -> Any:
+        """device_logits through the bucket's decode graph (a step graphs.DecodeGraphs.bucket gave `bucket`)."""
+        assert self.graphs is not None
+        self._check_positions(batch)
+        self.cache.copy_blocks(batch.block_copies)
+        return self.graphs.forward(batch, bucket)
+
+    def _check_positions(self, batch: StepBatch) -> None:
+        if batch.num_tokens and int(batch.positions.max()) >= self.config.context_length:
+            raise BackendError(f"position {int(batch.positions.max())} is past the model's context length "
+                               f"{self.config.context_length}")
 
     def compute_logits(self, batch: StepBatch) -> np.ndarray:
         """(S, vocab) float32 host logits for batch.sample_rows: for tests and benchmarks (copies them all)."""
@@ -104,15 +142,24 @@ class CupyBackend:
 
     def execute(self, batch: StepBatch) -> StepOutput:
         start = time.perf_counter()
-        logits = self.device_logits(batch, want_logits=batch.sampling is not None)
+        bucket = self.graphs.bucket(batch) if self.graphs is not None else None
+        if bucket is None:
+            logits = self.device_logits(batch, want_logits=batch.sampling is not None)
+        else:
+            logits = self.graph_logits(batch, bucket)
         self.device.synchronize()  # so "forward" is the GPU's time, not the launches'
         forward_done = time.perf_counter()
         if batch.sampling is None or logits is None:  # nothing to sample (a step of prefill chunks only)
             return StepOutput(np.zeros(0, np.int64), timings={"forward": forward_done - start})
-        result = sample(self.device.xp, logits, upload_sampling(self.device.xp, batch.sampling))
-        out = self._to_host(result)
+        out = self._to_host(self._sample(logits, batch.sampling, bucket))
         out.timings.update({"forward": forward_done - start, "sample": time.perf_counter() - forward_done})
         return out
+
+    def _sample(self, logits: Any, params: SamplingInputs, bucket: int | None) -> SampleResult:
+        """In the bucket's sampling graph when there is one and the options allow; else eagerly."""
+        if bucket is not None and self.graphs is not None and graphable_sampling(params):
+            return self.graphs.sample(bucket, params)
+        return sample(self.device.xp, logits, upload_sampling(self.device.xp, params))
 
     def _to_host(self, r: SampleResult) -> StepOutput:
         """Only the S sampled values (and top-k logprobs when asked) cross to the host."""

@@ -1,23 +1,41 @@
-"""What the backend runs on: an array module, a kernel launcher, and how to wait for and fetch results.
+"""What the backend runs on: an array module, a kernel launcher, how to wait for and fetch results, and how to
+capture and replay a graph of launches.
 
 `cupy_device()` is the real one (imports CuPy, compiles the kernels with NVRTC). The tests build a CPU one
-from NumPy and the emulated kernels; the backend code is the same for both.
+from NumPy and the emulated kernels, with a stand-in for graph capture; the backend code is the same for both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from backends.base import BackendError
 from backends.cupy_backend import launch
+from backends.cupy_backend.capture import CupyGraphs
 from backends.cupy_backend.launcher import CupyLauncher, KernelLauncher, compile_module
 from backends.cupy_backend.source import cuda_include_dirs, module_source, nvrtc_options
 
+T = TypeVar("T")
 MISSING_CUPY = "the cupy backend needs CuPy and a CUDA GPU: pip install 'pagedserve[cuda]'"
+
+
+class GraphCapture(Protocol):
+    def capture(self, work: Callable[[], T]) -> tuple[Any, T]:
+        """Runs `work` with its launches captured (recorded, not run): the graph, and what `work` returned (arrays
+        the graph writes on each replay, kept alive by the caller)."""
+        ...
+
+    def replay(self, graph: Any) -> None:
+        """Runs a captured graph again, in order with the work before it."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Device memory the captured graphs' intermediate arrays hold."""
+        ...
 
 
 def _no_sync() -> None:
@@ -32,6 +50,7 @@ class Device:
     to_host: Callable[[Any], np.ndarray] = np.asarray
     name: str = "cpu"
     info: dict[str, Any] = field(default_factory=dict)
+    graphs: GraphCapture | None = None  # None: this device captures no graphs (decode steps stay eager)
 
 
 def import_cupy() -> Any:
@@ -67,6 +86,7 @@ def cupy_device() -> Device:
         to_host=cupy.asnumpy,
         name=_device_name(cupy),
         info={"cupy": cupy.__version__, "nvrtc_options": options},
+        graphs=CupyGraphs.create(cupy),
     )
 
 

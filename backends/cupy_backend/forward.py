@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.cupy_backend.device_model import DeviceKVCache, DeviceLayer, DeviceWeights
 from backends.cupy_backend.ops import Kernels
-from backends.cupy_backend.projections import Projections
+from backends.cupy_backend.projections import Projections, take_rows
 from backends.cupy_backend.step_inputs import DeviceStep
 
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ class Forward:
 
     def logits(self, step: DeviceStep, x: Any, residual: Any) -> Any:
         """(S, vocab) float32 logits of the sampled rows only."""
-        rows = step.sample_rows
-        h = self.k.fused_add_rms_norm(x[rows], residual[rows], self.weights.final_norm, self.eps)
+        rows, call = step.sample_rows, self.k.launcher.call
+        h = self.k.fused_add_rms_norm(call(take_rows, x, rows), call(take_rows, residual, rows),
+                                      self.weights.final_norm, self.eps)
         return self.proj.logits(h, self.weights.lm_head)
 
     def _attention(self, index: int, layer: DeviceLayer, h: Any, step: DeviceStep, cache: DeviceKVCache) -> Any:

@@ -1,13 +1,17 @@
 """Launching a kernel described by a `launch.Launch`. The backend only sees the `KernelLauncher` protocol, so the
 same forward runs the real kernels through CuPy on a GPU, or the same sources through the CPU emulation on
 NumPy arrays in the tests.
+
+The forward's other array work (GEMMs, gathers, the graph's sampling) goes through the launcher's `call`, so that
+everything a decode step runs passes one place in order: on a GPU `call` just runs it (a CUDA graph capture sees
+it on the stream), while the emulation's stand-in for a capture records it beside the kernels.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,6 +27,10 @@ log = logging.getLogger(__name__)
 class KernelLauncher(Protocol):
     def launch(self, spec: Launch, args: Sequence[Any]) -> None:
         """Run spec.name over spec.grid x spec.block with args typed by spec.arg_types ('p' an array)."""
+        ...
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args): array work other than our kernels, in order with them; returns fn's new array(s)."""
         ...
 
 
@@ -56,6 +64,9 @@ class CupyLauncher:
             raise TypeError(f"{spec.name} takes {len(spec.arg_types)} arguments, got {len(args)}")
         converted = tuple(self._arg(code, value) for code, value in zip(spec.arg_types, args, strict=True))
         self.kernel(spec.name)(spec.grid, spec.block, converted, shared_mem=spec.shared_mem)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
 
     def _arg(self, code: str, value: Any) -> Any:
         if code != "p":

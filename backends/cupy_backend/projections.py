@@ -9,6 +9,7 @@ weight kept as stored (DeviceQuant) goes through:
     made for this one product and dropped when it returns, then the GEMM. Each weight then serves many rows,
     where a GEMM beats re-reading the blocks once per 8 rows; only one matrix's copy exists at a time.
   - the embedding lookup dequantizes only the step's tokens' rows.
+The GEMMs and the dense lookup run through the launcher's `call` (launcher.py), in order with the kernels.
 """
 
 from __future__ import annotations
@@ -30,19 +31,24 @@ class Projections:
     def linear(self, x: Any, w: Any) -> Any:
         """(M, K) x (N, K) weights -> (M, N), in the storage dtype."""
         if not isinstance(w, DeviceQuant):
-            return self.gemm.linear(x, w)
+            return self.quant.launcher.call(self.gemm.linear, x, w)
         if x.shape[0] <= launch.QUANT_GEMV_MAX_ROWS:
             return self.quant.gemv(x, w)
-        return self.gemm.linear(x, self.quant.dense(w))
+        return self.quant.launcher.call(self.gemm.linear, x, self.quant.dense(w))
 
     def logits(self, x: Any, w: Any) -> Any:
         """(M, K) x (N, K) weights -> (M, N) float32, for sampling."""
         if not isinstance(w, DeviceQuant):
-            return self.gemm.logits(x, w)
+            return self.quant.launcher.call(self.gemm.logits, x, w)
         if x.shape[0] <= launch.QUANT_GEMV_MAX_ROWS:
             return self.quant.gemv(x, w, logits=True)
-        return self.gemm.logits(x, self.quant.dense(w))
+        return self.quant.launcher.call(self.gemm.logits, x, self.quant.dense(w))
 
     def embed(self, w: Any, ids: Any) -> Any:
         """Rows `ids` (int32 device array) of the embedding, in the storage dtype."""
-        return self.quant.rows(w, ids) if isinstance(w, DeviceQuant) else w[ids]
+        return self.quant.rows(w, ids) if isinstance(w, DeviceQuant) else self.quant.launcher.call(take_rows, w, ids)
+
+
+def take_rows(a: Any, rows: Any) -> Any:
+    """Rows `rows` (a device index array) of `a`, as a new array."""
+    return a[rows]

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import cast
 
 from backends.base import Backend
+from backends.config import BackendConfig
 from backends.model.loader import DEFAULT_MODEL_NAME, ModelFiles, open_model
 from backends.registry import create_backend
 from kvpool import KVCacheManager, KVSpec, StepDemand, kv_cache_manager_from_config, new_kv_cache_manager
@@ -56,13 +57,20 @@ def build_parts(config: AppConfig, files: ModelFiles | None = None) -> ModelPart
     the model's header and tokenizer when the caller already has them."""
     if files is None:
         _, files = open_model(config.backend.model, config.backend.chat_template)
-    backend = create_backend(config.backend, files)
+    backend = create_backend(backend_config(config), files)
     max_len = config.scheduler.max_model_len or files.config.context_length
     kv, spec = build_kv(config, backend, max_len)
     backend.init_cache(kv.num_blocks, config.kv.block_size, kv.window_blocks)
     log_kv(config, kv, spec)
     draft = build_draft(config, files, kv, max_len) if config.speculative.draft_model is not None else None
     return ModelParts(files, backend, kv, max_len, draft)
+
+
+def backend_config(config: AppConfig) -> BackendConfig:
+    """[backend] with the decode graphs' largest bucket no larger than a step's sequences can be: buckets past
+    scheduler.max_num_seqs would cost start-up time and memory and never replay."""
+    most = min(config.backend.cuda_graph_max_batch, config.scheduler.max_num_seqs)
+    return replace(config.backend, cuda_graph_max_batch=most)
 
 
 def build_kv(config: AppConfig, backend: Backend, max_model_len: int) -> tuple[KVCacheManager, KVSpec]:
@@ -102,7 +110,7 @@ def build_draft(config: AppConfig, files: ModelFiles, kv: KVCacheManager, max_mo
     mismatch = vocabulary_mismatch(draft_files, files) or context_shortfall(draft_files, max_model_len)
     if mismatch:
         raise ConfigError(f"speculative.draft_model {path}: {mismatch}")
-    backend = create_backend(replace(config.backend, model=path, chat_template=None), draft_files)
+    backend = create_backend(replace(backend_config(config), model=path, chat_template=None), draft_files)
     pool = new_kv_cache_manager("paged", kv.num_blocks, kv.block_size, max_model_len=max_model_len,
                                 enable_prefix_caching=False)
     backend.init_cache(pool.num_blocks, pool.block_size)

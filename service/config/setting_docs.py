@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from backends.config import CPU_ISAS, CPU_KERNELS, CPU_PRECISIONS, KV_CACHE_DTYPES, WEIGHTS
+from backends.config import CPU_ISAS, CPU_KERNELS, CPU_PRECISIONS, CUDA_GRAPH_MODES, KV_CACHE_DTYPES, WEIGHTS
 from backends.sim_backend.clock import CLOCKS
 from backends.sim_backend.profiles import MODEL_SHAPES, PROFILES
 from kvpool.config import KV_LAYOUTS
@@ -108,6 +108,14 @@ DOCS: Mapping[str, SettingDoc] = MappingProxyType({
         "numpy only: the KV cache's element type; float16 holds twice the tokens in kv_cache_memory and halves "
         "the bytes attention reads, each value rounded once as it is stored (docs/CONFIG.md: KV cache in "
         "float16); the other backends refuse it (cupy's cache is in dtype)", choices=KV_CACHE_DTYPES),
+    "backend.cuda_graphs": SettingDoc(
+        "cupy only: pure decode steps replay a CUDA graph of their batch-size bucket (1, 2, 4, then multiples of 8; "
+        "padded to it), sampling inside it where no top-k / top-p, penalty, grammar or top logprobs need the "
+        "eager sampler; mixed and prefill steps run eagerly. eager: every bucket captured at start-up (its time "
+        "and memory logged); lazy: a bucket at its first step; off", choices=CUDA_GRAPH_MODES),
+    "backend.cuda_graph_max_batch": SettingDoc(
+        "cupy only: the largest decode batch replayed from a CUDA graph (the largest bucket; the server uses at "
+        "most scheduler.max_num_seqs); larger steps run eagerly"),
     "backend.sim_profile": SettingDoc("sim only: the hardware whose step times are simulated",
                                       choices=tuple(PROFILES)),
     "backend.sim_clock": SettingDoc("sim only: real (steps take real time) or virtual (a counter advances)",

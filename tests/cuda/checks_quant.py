@@ -127,6 +127,9 @@ class _Recorder:
         self.names.append(spec.name)
         self.lib.launch(spec, args)
 
+    def call(self, fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
 
 def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 0, seed: int = 0) -> None:
     """The matrix as quant_weights uploads it: Projections.linear / logits for 1 row up to past the GEMV limit

@@ -1,9 +1,11 @@
 """The CPU stand-in for a GPU: NumPy arrays and the kernels' exact NVRTC source run through the emulation
-library (tests/cuda_emu), so CupyBackend's code runs unchanged with xp = numpy."""
+library (tests/cuda_emu), so CupyBackend's code runs unchanged with xp = numpy; graph capture through the
+recording stand-in of emu_graphs.py."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +17,38 @@ from backends.cupy_backend.launch import Launch
 from backends.cupy_backend.source import module_source
 from tests.cuda import toolchain
 from tests.cuda.emu_lib import EmuLib
+from tests.cupy_backend.emu_graphs import Tape, TapeGraphs, record_call
 
 MODULE_FILE = "module_source.cu"
 
 
 class RecordingLauncher:
-    """Launches through the emulation and remembers each kernel name, so a test can tell which paths ran."""
+    """Launches through the emulation and remembers each kernel name as it runs, so a test can tell which paths
+    ran; while a capture is under way (`tape` set), records the launches and calls instead of running them."""
 
     def __init__(self, lib: EmuLib) -> None:
         self.lib = lib
         self.names: list[str] = []
+        self.tape: Tape | None = None
 
     def launch(self, spec: Launch, args: Sequence[Any]) -> None:
+        if self.tape is None:
+            self.run(spec, tuple(args))
+            return
+        self.tape.ops.append(partial(self.run, spec, tuple(args)))
+        self.tape.kernels.append(spec.name)
+
+    def run(self, spec: Launch, args: tuple[Any, ...]) -> None:
         self.names.append(spec.name)
         self.lib.launch(spec, args)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args) if self.tape is None else record_call(self.tape, fn, args)
 
 
 def emu_device(library: Path) -> tuple[Device, RecordingLauncher]:
     launcher = RecordingLauncher(EmuLib(str(library)))
-    return Device(xp=np, launcher=launcher, name="cpu-emulation"), launcher
+    return Device(xp=np, launcher=launcher, name="cpu-emulation", graphs=TapeGraphs(launcher)), launcher
 
 
 def start_build(gxx: str, out_dir: Path) -> toolchain.EmuBuild:

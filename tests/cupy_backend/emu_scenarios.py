@@ -7,8 +7,8 @@ scenarios do the same on the model quantized like the default one, each backend 
 file stores them: decode rows through the dequantizing GEMV, prefill chunks through a dense copy and the GEMM.
 The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
 Q6_K (the head and embedding Q6_K). checkpoint-bfloat16 serves the tiny model from a Hugging Face checkpoint
-directory of bfloat16 matrices. A last scenario dry-runs bench/gpu_check.py's measurement sections on the
-emulated device.
+directory of bfloat16 matrices. A scenario dry-runs bench/gpu_check.py's measurement sections on the
+emulated device. The graphs-* scenarios replay decode steps from captured graphs (emu_graph_scenarios.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
 from tests.backends.hf_checkpoints import write_bfloat16_checkpoint
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
+from tests.cupy_backend.emu_graph_scenarios import graphs_scenario, quant_graphs_scenario
 from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant, write_tiny_llama_k_quant
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 40
@@ -256,9 +257,9 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     plan = gpu_check.Plan(dtype="bfloat16", bandwidth_batch=2, bandwidth_context=40, bandwidth_repeats=1,
                           decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1,
                           vocab_size=512, quant_batches=(2, 9), gemv_shapes=(("q4_1", 24, 256), ("q8_0", 40, 64)),
-                          gemv_rows=(1, 8), gemv_repeats=1)
+                          gemv_rows=(1, 8), gemv_repeats=1, graph_batches=(1, 2))
     ctx = gpu_check.Context(plan=plan, device=device, env={"peak_bandwidth_gbs": 100.0})
-    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "e2e_decode_quant")
+    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "e2e_decode_quant", "cuda_graphs")
     report = gpu_check.run(ctx, [s for s in gpu_check.SECTIONS if s[0] in measured], budget_s=600.0)
     assert report.ok, report.sections
     bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
@@ -268,6 +269,9 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     assert gemv["stored_bytes"] == 24 * 256 // 32 * 20 and gemv["rows_8"]["fraction_of_peak"] is not None
     quant = report.sections["e2e_decode_quant"]
     assert set(quant["batches"]) == {"2", "9"} and quant["weight_bytes"] < e2e["weight_bytes"]
+    graphs = report.sections["cuda_graphs"]
+    assert set(graphs["batches"]) == {"1", "2"} and graphs["buckets"] == [1, 2], graphs
+    assert all(v["eager_ms"] > 0 and v["replay_ms"] > 0 for v in graphs["batches"].values())
     assert {"paged_attention_decode_bf16_d64", "paged_attention_decode_partitioned_bf16_d64",
             "paged_attention_reduce_bf16_d64", "quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_bf16",
             "dequantize_q4_1_bf16", "dequantize_q8_0_bf16"} <= set(launcher.names)
@@ -289,5 +293,6 @@ def scenarios() -> dict[str, Scenario]:
 
     quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
     k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
+    graphs = {"graphs-float32": graphs_scenario, "graphs-quant-bfloat16": quant_graphs_scenario}
     return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "checkpoint-bfloat16": checkpoint_scenario,
-            "gpu-check-dry-run": gpu_check_dry_run}
+            "gpu-check-dry-run": gpu_check_dry_run, **graphs}

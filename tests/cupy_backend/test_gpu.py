@@ -19,6 +19,7 @@ import pytest
 from backends.base import SamplingInputs, StepBatch
 from backends.cupy_backend.backend import CupyBackend
 from backends.cupy_backend.device import Device
+from backends.cupy_backend.graphs import GraphSettings
 from backends.cupy_backend.quant_weights import stored_types
 from backends.cupy_backend.synthetic import smollm2_shape, stored_like_default, synthetic_model
 from backends.manual_batch import SeqState, make_batch
@@ -227,6 +228,37 @@ def test_device_sampling_matches_numpy(gpu: Device, synthetic: LoadedModel) -> N
     np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-3)
     assert got.top_token_ids is not None and want.top_token_ids is not None
     assert got.top_token_ids.tolist() == want.top_token_ids.tolist()
+
+
+def graph_sampling(n: int, seed: int, top_p: float) -> SamplingInputs:
+    """Greedy and random rows, some with min_p: what the graph samples, unless top_p < 1 sends it eagerly."""
+    return SamplingInputs(temperature=np.resize(np.array([0.0, 0.7, 1.0, 1.3], np.float32), n),
+                          top_k=np.zeros(n, np.int32), top_p=np.full(n, top_p, np.float32),
+                          min_p=np.resize(np.array([0.0, 0.0, 0.05, 0.0], np.float32), n),
+                          uniforms=np.random.default_rng(seed).random(n).astype(np.float32), want_logprobs=True)
+
+
+def test_decode_graphs_replay_the_eager_steps(gpu: Device, synthetic: LoadedModel) -> None:
+    """Real CUDA stream capture (lazy, buckets up to 8): decode steps of 3 and 8 sequences, sampled inside the
+    graph (greedy, random, min_p) or by the eager sampler on the graph's logits (top-p), give the tokens and
+    logprobs of the same steps run eagerly; the prefill stays eager; the KV pools agree."""
+    lengths = [40, 17, 5, 64, 33, 9, 70, 21]
+    prompts = random_prompts(lengths, seed=9, vocab=synthetic.config.vocab_size)
+    graphed = CupyBackend(synthetic.config, synthetic.weights, gpu, graphs=GraphSettings("lazy", 8))
+    graphed.init_cache(NUM_BLOCKS, BLOCK)
+    eager = cupy_backend(gpu, synthetic, "float32")
+    twins = ((graphed, new_seqs(lengths, 10)), (eager, new_seqs(lengths, 10)))
+    for step in range(6):
+        rows = 3 if step % 2 else len(lengths)
+        chunks = prompts if step == 0 else [[7 + step]] * rows
+        params = graph_sampling(rows, seed=step, top_p=0.9 if step == 5 else 1.0)
+        got, want = (b.execute(replace(make_batch(seqs[:rows], chunks, BLOCK), sampling=params)) for b, seqs in twins)
+        assert got.token_ids.tolist() == want.token_ids.tolist(), f"step {step}"
+        assert got.logprobs is not None and want.logprobs is not None
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=FLOAT32_LOGIT_ATOL)
+    assert graphed.graphs is not None and sorted(graphed.graphs.graphs) == [4, 8]
+    pools = gpu.to_host(graphed.cache.data), gpu.to_host(eager.cache.data)
+    np.testing.assert_allclose(pools[0], pools[1], atol=FLOAT32_LOGIT_ATOL)
 
 
 def golden_decided(case: dict[str, object]) -> list[int]:
