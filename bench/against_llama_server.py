@@ -148,14 +148,16 @@ class LlamaServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                log = self.log_text()  # stop() removes the file
                 self.stop()
-                raise ServerError(f"llama-server exited ({self._proc.returncode}):\n{self.log_text()[-2000:]}")
+                raise ServerError(f"llama-server exited ({self._proc.returncode}):\n{log[-2000:]}")
             with contextlib.suppress(OSError), urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
                 if resp.status == 200:
                     return self
             time.sleep(0.3)
+        log = self.log_text()
         self.stop()
-        raise ServerError(f"llama-server was not ready in {START_TIMEOUT_S:g} s:\n{self.log_text()[-2000:]}")
+        raise ServerError(f"llama-server was not ready in {START_TIMEOUT_S:g} s:\n{log[-2000:]}")
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

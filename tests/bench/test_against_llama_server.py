@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from bench.against_llama_server import BENCH, LLAMA, SINGLE, Pooled, bench_args, report
+import pytest
+
+from bench.against_llama_server import BENCH, LLAMA, SINGLE, LlamaServer, Pooled, ServerError, bench_args, report
 from bench.loadgen.cli import build_parser
 
 
@@ -59,3 +62,13 @@ def test_runs_pool_over_rounds_and_the_targets_are_judged() -> None:
         "16 streams, output tok/s pagedserve exact / llama-server: 2.00x (target at least 2x): met",
         "16 streams, pagedserve exact ITL p99 / TPOT p50: 4.00x (target at most 2.5x): NOT met",
     ]
+
+
+def test_a_llama_server_that_exits_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    """A binary built for instructions the CPU refuses dies at load (SIGILL): the error carries its log, read
+    before the temporary log file is removed (it had been read after, and the report was a FileNotFoundError)."""
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'load_model: loading model'\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(ServerError, match=r"(?s)exited \(3\).*load_model: loading model"):
+        LlamaServer(str(fake), "model.gguf", threads=2, parallel=1, ctx=64).__enter__()
