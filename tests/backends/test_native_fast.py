@@ -29,10 +29,15 @@ from backends.numpy_backend.native.matmul import (
     small_step_parts,
     to_bfloat16,
 )
-from backends.numpy_backend.native.weights import SMALL_STEP_TYPES, STORED_TYPES, TILED_SMALL_STEP_TYPES
+from backends.numpy_backend.native.weights import (
+    LANE_STEP_TYPES,
+    SMALL_STEP_TYPES,
+    STORED_TYPES,
+    TILED_SMALL_STEP_TYPES,
+)
 from tests.backends.bounds import assert_within
 from tests.backends.test_native_quant import K_QUANTS, random_blocks
-from tests.backends.tiers import HOST, RUNNABLE, SMALL_STEPS, TILES, WIDE_STEPS
+from tests.backends.tiers import HOST, LANE_STEPS, RUNNABLE, SMALL_STEPS, TILES, WIDE_STEPS
 from tests.required import hardware_absent
 
 SMALL_STEP_ERROR = 0.032  # the 8-bit path's logits, as a share of the largest: measured 1.6 %, bound 2x
@@ -87,6 +92,7 @@ def test_the_tier_runs_the_fast_paths_it_should(fast: NativeMatmul, exact: Nativ
     """8-bit small steps exactly on the tiers that have them, tiles only on the amx tier; where a tier lacks the
     small steps, the fast precision's small steps are the exact ones', bit for bit."""
     assert fast.fast_small_steps == (fast.tier.name in SMALL_STEPS)
+    assert fast.fast_lane_steps == (fast.tier.name in LANE_STEPS)
     assert not fast.fast_uses_tiles or fast.tier.name in TILES
     if not fast.fast_small_steps:
         w, x = stored(Q.Q4_1, 40, 576), activations(2, 576)
@@ -246,6 +252,34 @@ def test_steps_of_up_to_64_rows_multiply_8_bit_x_on_the_avx512_tiers(fast: Nativ
     assert_within(out, q8_reference(x, w), q8_bound(x, w))
     for i in (0, rows - 1):
         np.testing.assert_array_equal(out[i : i + 1], fast.project(x[i : i + 1], w))
+
+
+needs_lane_steps = on_tiers(LANE_STEPS, "no AVX-512 VNNI on this machine")
+LANE_SHAPES = [(t, 512 if t in K_QUANTS else 608, 21) for t in sorted(LANE_STEP_TYPES)]
+
+
+@needs_lane_steps
+@pytest.mark.parametrize(("qtype", "inner", "outputs"), LANE_SHAPES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("rows", [Q8_MAX_ROWS + 1, 130])
+def test_a_prompts_chunk_multiplies_8_bit_x_in_lanes_on_the_vnni_tiers(kernel_cache: Path, fast: NativeMatmul,
+                                                                       qtype: Q, inner: int, outputs: int,
+                                                                       rows: int) -> None:
+    """Past 64 rows (a prompt's chunk in the fused step), the lanes' types stay on the 8-bit path with x in
+    lanes, 16 rows at a time (q8_lanes.h: a K-quant super-block decoded once for all of them): within q8_bound
+    of q8_reference, and each row's floats the ones it gets alone. On amx, Q4_0, Q4_1 and Q8_0 go to the tiles
+    (test_tiles_multiply_the_rounded_values)."""
+    wide = NativeMatmul(max_rows=256, cache_dir=kernel_cache, fast=True, tier=fast.tier)
+    assert wide.fast_lane_steps
+    w, x = stored(qtype, outputs, inner, seed=inner + outputs), activations(rows, inner, seed=rows)
+    before = wide.small_steps_run()
+    out = wide.project(x, w)
+    if wide.fast_uses_tiles and qtype in TILED_SMALL_STEP_TYPES:
+        assert wide.small_steps_run() == before
+        return
+    assert wide.small_steps_run() == before + 1
+    assert_within(out, q8_reference(x, w), q8_bound(x, w))
+    for i in (0, 77, rows - 1):
+        np.testing.assert_array_equal(out[i : i + 1], wide.project(x[i : i + 1], w))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_0], ids=lambda t: t.name)

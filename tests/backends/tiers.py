@@ -15,6 +15,8 @@ SMALL_STEPS = frozenset({"avx2", "avx512", "avx512-vnni", "amx", "neon"})
 WIDE_SUMS = frozenset({"avx512", "avx512-vnni", "amx"})  # stored weights summed in 16 lanes (quant_wide.h)
 # The 8-bit path for steps of 4-64 rows too, six rows of x at a time (q8_dots.h's Q8_CHUNK): AVX-512's registers
 WIDE_STEPS = frozenset({"avx512", "avx512-vnni", "amx"})
+# AVX-512 VNNI: Q8_0 and the K-quants with x in lanes from 8 rows, past 64 too (q8_lanes.h)
+LANE_STEPS = frozenset({"avx512-vnni", "amx"})
 TILES = frozenset({"amx"})  # bfloat16 products on AMX tiles, where the kernel may use them (fast_matmul.h)
 
 

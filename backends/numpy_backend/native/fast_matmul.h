@@ -228,6 +228,13 @@ static inline int q8_before_tiles(int32_t type, int64_t m) {
     return m < FAST_TILE || (Q8_LANES && type == WEIGHTS_Q8_0 && m <= 2 * FAST_TILE);
 }
 
+/* Whether the 8-bit path takes a step of m rows on these weights, where the work was sized for it: up to
+ * Q8_MAX_ROWS rows any type it reads; past them, with x in lanes (q8_lanes.h), Q8_0 and the K-quants (a prompt's
+ * chunk on Gemma 3's layers: the exact strips' float32 FMAs did a quarter of vpdpbusd's multiply-adds each). */
+static inline int q8_takes(int32_t type, int64_t m) {
+    return q8_reads(type) && (m <= Q8_MAX_ROWS || (Q8_LANES && q8_lanes_read(type)));
+}
+
 /* 1 when the fast projections run on AMX in this process, 0 when on the plain path. */
 static inline int fast_uses_amx(void) {
 #if FAST_AMX
@@ -259,7 +266,7 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
     const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
     /* past the small steps, only where a group takes x six rows at a time: three at a time lost to the strips */
-    f->q8 = Q8_DOTS && fast && m > 0 && (m < FAST_MIN_ROWS || (Q8_CHUNK > 3 && m <= Q8_MAX_ROWS));
+    f->q8 = Q8_DOTS && fast && m > 0 && (m < FAST_MIN_ROWS || (Q8_CHUNK > 3 && m <= Q8_MAX_ROWS) || Q8_LANES);
     const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_work_bytes(m, kmax) + 3) / 4 : 0;
     const int64_t most = tiles > strips ? tiles : strips;
     f->stride = ((most > q8 ? most : q8) + 15) / 16 * 16; /* each thread's part 64-byte aligned */
@@ -289,7 +296,7 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     }
 #endif
 #if Q8_DOTS
-    if (f->q8 && q8_reads(w->type)) {
+    if (f->q8 && q8_takes(w->type, m)) {
         if (thread == 0) q8_projections++;
         project_q8(x, w, y, m, k, n, add, mine);
         return;

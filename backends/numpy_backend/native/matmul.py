@@ -19,6 +19,7 @@ from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.weights import (
     EIGHT_LANES_ONLY,
+    LANE_STEP_TYPES,
     SMALL_STEP_TYPES,
     TILED_SMALL_STEP_TYPES,
     c_weights,
@@ -63,6 +64,7 @@ class NativeMatmul:
         self.fast_uses_tiles = bool(library.fast_uses_tiles())  # AMX: else larger steps are exact in fast
         self.fast_small_steps = bool(library.fast_small_steps())  # not on generic: small steps exact in fast
         self.fast_wide_steps = bool(library.fast_wide_steps())  # AVX-512: steps of 4-64 rows on the 8-bit path too
+        self.fast_lane_steps = bool(library.fast_lane_steps())  # AVX-512 VNNI: Q8_0 / K-quants, x in lanes, any rows
         self._small_steps_run = library.fast_small_steps_run
         self._small_steps_run.restype = ctypes.c_int64
         self.fast = fast and (self.fast_uses_tiles or self.fast_small_steps)
@@ -89,9 +91,12 @@ class NativeMatmul:
         lanes = " / ".join(sorted(t.name for t in EIGHT_LANES_ONLY))
         small_types = " / ".join(sorted(t.name for t in SMALL_STEP_TYPES))
         eight_bit = "8-bit x up to 64 rows, exact past them" if self.fast_wide_steps else "exact"
+        if self.fast_lane_steps:
+            lane_types = " / ".join(sorted(t.name for t in LANE_STEP_TYPES))
+            eight_bit += f", {lane_types} from 8 rows with x in lanes, any rows"
         if self.fast_uses_tiles:
             tiled = " / ".join(sorted(t.name for t in TILED_SMALL_STEP_TYPES))
-            below = f", {tiled} below 16 rows: 8-bit x" if self.fast_wide_steps else ""
+            below = f"; {tiled} below 16 rows, Q8_0 up to 32: 8-bit x" if self.fast_wide_steps else ""
             tiles = f"bfloat16 products on AMX tiles ({lanes} weights: {eight_bit}{below})"
         elif self.fast_wide_steps:
             tiles = f"{small_types} weights {eight_bit}, other weights exact (no AMX tiles on {tier})"

@@ -44,6 +44,9 @@ int fast_small_steps(void) { return Q8_DOTS; }
 /* 1 when steps of 4-64 rows take the 8-bit path too, where no tile reads the weights (AVX-512 builds). */
 int fast_wide_steps(void) { return Q8_DOTS && Q8_CHUNK > 3; }
 
+/* 1 when Q8_0 and the K-quants take the 8-bit path with x in lanes from 8 rows, past 64 rows too (AVX-512 VNNI). */
+int fast_lane_steps(void) { return Q8_LANES; }
+
 /* How many projections have run the 8-bit small steps in this process (0 without them). */
 int64_t fast_small_steps_run(void) {
 #if Q8_DOTS

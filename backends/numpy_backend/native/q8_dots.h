@@ -457,6 +457,7 @@ static inline int64_t q8_work_bytes(int64_t m, int64_t k) { return q8_x_bytes(m,
 #else
 #define Q8_LANES 0
 static inline int q8_reads(int32_t type) { return (void)type, 0; }
+static inline int q8_lanes_read(int32_t type) { return (void)type, 0; }
 static inline int64_t q8_work_bytes(int64_t m, int64_t k) { return (void)m, (void)k, 0; }
 #endif
 

@@ -28,11 +28,16 @@
 enum { LANE_DX = 8, LANE_SX, LANE_START_Q8_0, LANE_START_HALF };
 
 /* The types this path reads. */
-static inline int q8_lanes_read(int32_t type) { return type == WEIGHTS_Q8_0 || is_k_quant(type); }
+static inline int q8_lanes_read(int32_t type) {
+    return type == WEIGHTS_Q4_0 || type == WEIGHTS_Q4_1 || type == WEIGHTS_Q5_0 || type == WEIGHTS_Q5_1 ||
+           type == WEIGHTS_Q8_0 || is_k_quant(type);
+}
 
-/* Bytes for x in lanes: Q8_LANE_VECTORS vectors of 64 bytes per block for each 16 rows of m, and 64 to align. */
+/* Bytes for x in lanes (Q8_LANE_VECTORS vectors of 64 bytes per block for each 16 rows of m), a K-quant group's
+ * sums for each 16 rows (2 x 8 vectors), and 64 to align. */
 static inline int64_t q8_lanes_bytes(int64_t m, int64_t k) {
-    return (m + Q8_LANE_ROWS - 1) / Q8_LANE_ROWS * (k / QBLOCK) * Q8_LANE_VECTORS * 64 + 64;
+    const int64_t chunks = (m + Q8_LANE_ROWS - 1) / Q8_LANE_ROWS;
+    return chunks * ((k / QBLOCK) * Q8_LANE_VECTORS + 2 * Q8_LANES_GROUP) * 64 + 64;
 }
 
 /* The sum of 16 bytes of qx. */
@@ -109,6 +114,48 @@ static inline __attribute__((always_inline)) void q8_lanes_q8_0(const uint8_t *c
     q8_lanes_scale(dots, scale, _mm512_castsi512_ps(xb[LANE_DX]), acc);
 }
 
+/* Block b of a Q4_0 / Q4_1 / Q5_0 / Q5_1 row as 32 unsigned bytes in order (the nibbles, Q5's fifth bits from qh
+ * above them), its d and its offset m (w = d q + m: Q4_1's and Q5_1's stored m, else -8 d or -16 d). */
+static inline __attribute__((always_inline)) void q8_lanes_legacy_decode(const uint8_t *row, int64_t b,
+                                                                        uint8_t out[32], float *d, float *m,
+                                                                        const int32_t type) {
+    const uint8_t *block = row + b * q8_block_bytes(type), *nibbles = block + q8_nibbles_at(type);
+    *d = _cvtsh_ss(load_u16(block));
+    *m = q8_has_min(type) ? _cvtsh_ss(load_u16(block + 2)) : *d * q8_offset(type);
+    const __m128i packed = _mm_loadu_si128((const __m128i *)nibbles), low = _mm_set1_epi8(0x0f);
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
+    if (q8_five(type)) { /* byte i of q takes bit i of qh: qh's byte i / 8 spread, masked by its bit i % 8 */
+        uint32_t qh;
+        memcpy(&qh, nibbles - 4, 4);
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                                   _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    _mm256_store_si256((__m256i *)out, q);
+}
+
+/* A Q4_0 / Q4_1 / Q5_0 / Q5_1 block b of the 8 rows into acc and mins, as q8_dots.h's q8_group_t. */
+static inline __attribute__((always_inline)) void q8_lanes_legacy(const uint8_t *const row[Q8_LANES_GROUP],
+                                                                 int64_t b, const __m512i *xb,
+                                                                 __m512 acc[Q8_LANES_GROUP],
+                                                                 __m512 mins[Q8_LANES_GROUP], const int32_t type) {
+    uint8_t bytes[Q8_LANES_GROUP][32] __attribute__((aligned(32)));
+    const uint8_t *wb[Q8_LANES_GROUP];
+    __m512i dots[Q8_LANES_GROUP];
+    float scale[Q8_LANES_GROUP], offset[Q8_LANES_GROUP];
+    for (int j = 0; j < Q8_LANES_GROUP; j++) {
+        q8_lanes_legacy_decode(row[j], b, bytes[j], &scale[j], &offset[j], type);
+        wb[j] = bytes[j], dots[j] = _mm512_setzero_si512();
+    }
+    q8_lanes_dots(wb, xb, 0, 8, dots);
+    q8_lanes_scale(dots, scale, _mm512_castsi512_ps(xb[LANE_DX]), acc);
+    const __m512 sx = _mm512_castsi512_ps(xb[LANE_SX]);
+    for (int j = 0; j < Q8_LANES_GROUP; j++) mins[j] = _mm512_fmadd_ps(_mm512_set1_ps(offset[j]), sx, mins[j]);
+}
+
 /* Super-block sb of a K-quant row as 256 unsigned bytes, block s's weights at 32 s (Q4_K 0..15, Q5_K 0..31, Q6_K
  * q = 0..63, its -32 taken back by the chains' starts), and its scales. */
 static inline __attribute__((always_inline)) void q8_lanes_k_decode(const uint8_t *row, int64_t sb, uint8_t out[256],
@@ -165,42 +212,65 @@ static inline void q8_lanes_store(const __m512 acc[Q8_LANES_GROUP], const __m512
         }
 }
 
-/* The group of weight rows from `first` against 16 rows of x in lanes (xl), every block, into acc and mins. */
-static inline __attribute__((always_inline)) void q8_lanes_group(const Weights *w, const __m512i *xl,
-                                                                int64_t blocks, int64_t n, int64_t first,
-                                                                int prefetch, __m512 acc[Q8_LANES_GROUP],
-                                                                __m512 mins[Q8_LANES_GROUP], const int32_t type) {
+/* A group of Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 weight rows from `first` against 16 rows of x in lanes (xl), every
+ * block (decoded again for each 16 rows: a few operations beside its eight products), into acc and mins. */
+static inline __attribute__((always_inline)) void q8_lanes_block_group(const Weights *w, const __m512i *xl,
+                                                                      int64_t blocks, int64_t n, int64_t first,
+                                                                      int prefetch, __m512 acc[Q8_LANES_GROUP],
+                                                                      __m512 mins[Q8_LANES_GROUP],
+                                                                      const int32_t type) {
     const uint8_t *row[Q8_LANES_GROUP];
     q8_lane_rows(w, n, first, row);
     Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_LANES_GROUP, prefetch ? Q8_LANES_GROUP : 0, blocks);
     for (int j = 0; j < Q8_LANES_GROUP; j++) acc[j] = mins[j] = _mm512_setzero_ps();
-    if (type == WEIGHTS_Q8_0) {
-        for (int64_t b = 0; b < blocks; b++) {
-            ahead_step(&ahead);
+    for (int64_t b = 0; b < blocks; b++) {
+        ahead_step(&ahead);
+        if (type == WEIGHTS_Q8_0)
             q8_lanes_q8_0(row, b, xl + b * Q8_LANE_VECTORS, acc);
-        }
-        return;
+        else
+            q8_lanes_legacy(row, b, xl + b * Q8_LANE_VECTORS, acc, mins, type);
     }
+}
+
+/* A K-quant group of weight rows from `first` against every 16 rows of x (`chunks` of them): each super-block
+ * of the 8 rows decoded once (for a prompt's chunk of 512 rows, decoding it again for each 16 would cost more
+ * than its products), then taken by each 16 rows in turn, whose sums wait in `sums` (acc, then mins: 16 vectors
+ * for each 16 rows) between super-blocks. */
+static inline __attribute__((always_inline)) void q8_lanes_k_group(const Weights *w, const __m512i *xl,
+                                                                  int64_t chunks, int64_t blocks, int64_t n,
+                                                                  int64_t first, __m512 *sums, const int32_t type) {
+    const uint8_t *row[Q8_LANES_GROUP];
+    q8_lane_rows(w, n, first, row);
+    Ahead ahead = stored_rows_ahead(w, n, first + 2 * Q8_LANES_GROUP, Q8_LANES_GROUP, blocks);
+    for (int64_t i = 0; i < chunks * 2 * Q8_LANES_GROUP; i++) sums[i] = _mm512_setzero_ps();
     uint8_t bytes[Q8_LANES_GROUP][256] __attribute__((aligned(32)));
     KScales ks[Q8_LANES_GROUP];
     for (int64_t sb = 0; sb < blocks / 8; sb++) {
         for (int j = 0; j < Q8_LANES_GROUP; j++) q8_lanes_k_decode(row[j], sb, bytes[j], &ks[j], type);
+        for (int s = 0; s < 8; s++) ahead_step(&ahead);
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            __m512 *acc = sums + ch * 2 * Q8_LANES_GROUP, *mins = acc + Q8_LANES_GROUP;
+            __m512 a[Q8_LANES_GROUP], m[Q8_LANES_GROUP];
+            for (int j = 0; j < Q8_LANES_GROUP; j++) a[j] = acc[j], m[j] = mins[j];
 #pragma GCC unroll 8
-        for (int s = 0; s < 8; s++) {
-            ahead_step(&ahead);
-            q8_lanes_k_block(bytes, ks, s, xl + (8 * sb + s) * Q8_LANE_VECTORS, acc, mins, type);
+            for (int s = 0; s < 8; s++)
+                q8_lanes_k_block(bytes, ks, s, xl + (ch * blocks + 8 * sb + s) * Q8_LANE_VECTORS, a, m, type);
+            for (int j = 0; j < Q8_LANES_GROUP; j++) acc[j] = a[j], mins[j] = m[j];
         }
     }
 }
 
 /* One group of weight rows for every 16 rows of x, the type a constant. */
-static inline __attribute__((always_inline)) void q8_lanes_t(const __m512i *xl, const Weights *w, float *y,
-                                                            int64_t m, int64_t blocks, int64_t n, int64_t first,
-                                                            int add, const int32_t type) {
-    for (int64_t ch = 0; ch * Q8_LANE_ROWS < m; ch++) {
+static inline __attribute__((always_inline)) void q8_lanes_t(const __m512i *xl, __m512 *sums, const Weights *w,
+                                                            float *y, int64_t m, int64_t blocks, int64_t n,
+                                                            int64_t first, int add, const int32_t type) {
+    const int64_t chunks = (m + Q8_LANE_ROWS - 1) / Q8_LANE_ROWS;
+    if (is_k_quant(type)) q8_lanes_k_group(w, xl, chunks, blocks, n, first, sums, type);
+    for (int64_t ch = 0; ch < chunks; ch++) {
         const int count = (int)(m - ch * Q8_LANE_ROWS < Q8_LANE_ROWS ? m - ch * Q8_LANE_ROWS : Q8_LANE_ROWS);
-        __m512 acc[Q8_LANES_GROUP], mins[Q8_LANES_GROUP];
-        q8_lanes_group(w, xl + ch * blocks * Q8_LANE_VECTORS, blocks, n, first, ch == 0, acc, mins, type);
+        __m512 *acc = sums + ch * 2 * Q8_LANES_GROUP, *mins = acc + Q8_LANES_GROUP;
+        if (!is_k_quant(type))
+            q8_lanes_block_group(w, xl + ch * blocks * Q8_LANE_VECTORS, blocks, n, first, ch == 0, acc, mins, type);
         q8_lanes_store(acc, mins, count, y + ch * Q8_LANE_ROWS * n, n, first, add);
     }
 }
@@ -210,19 +280,24 @@ static inline __attribute__((always_inline)) void q8_lanes_t(const __m512i *xl, 
  * of 8 shared among the threads; each group's bytes stay in L1 while every 16 rows of x take them. */
 static void project_q8_lanes(const Q8Rows *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                              int add, void *lanes) {
-    const int64_t blocks = k / QBLOCK;
+    const int64_t blocks = k / QBLOCK, chunks = (m + Q8_LANE_ROWS - 1) / Q8_LANE_ROWS;
     __m512i *xl = (__m512i *)(((uintptr_t)lanes + 63) & ~(uintptr_t)63);
-    for (int64_t ch = 0; ch * Q8_LANE_ROWS < m; ch++) {
+    __m512 *sums = (__m512 *)(xl + chunks * blocks * Q8_LANE_VECTORS);
+    for (int64_t ch = 0; ch < chunks; ch++) {
         const int count = (int)(m - ch * Q8_LANE_ROWS < Q8_LANE_ROWS ? m - ch * Q8_LANE_ROWS : Q8_LANE_ROWS);
         q8_to_lanes(x, ch * Q8_LANE_ROWS, count, blocks, xl + ch * blocks * Q8_LANE_VECTORS);
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < (n + Q8_LANES_GROUP - 1) / Q8_LANES_GROUP; t++) {
         switch (w->type) {
-        case WEIGHTS_Q4_K: q8_lanes_t(xl, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q4_K); break;
-        case WEIGHTS_Q5_K: q8_lanes_t(xl, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q5_K); break;
-        case WEIGHTS_Q6_K: q8_lanes_t(xl, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q6_K); break;
-        default: q8_lanes_t(xl, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q8_0); break;
+        case WEIGHTS_Q4_K: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q4_K); break;
+        case WEIGHTS_Q5_K: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q5_K); break;
+        case WEIGHTS_Q6_K: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q6_K); break;
+        case WEIGHTS_Q4_0: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q4_0); break;
+        case WEIGHTS_Q4_1: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q4_1); break;
+        case WEIGHTS_Q5_0: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q5_0); break;
+        case WEIGHTS_Q5_1: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q5_1); break;
+        default: q8_lanes_t(xl, sums, w, y, m, blocks, n, t * Q8_LANES_GROUP, add, WEIGHTS_Q8_0); break;
         }
     }
 }

@@ -23,6 +23,8 @@ EIGHT_LANES_ONLY = frozenset({Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.
 SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 # Of those, the ones the AMX tiles read too (the others are EIGHT_LANES_ONLY): the tiles from FAST_TILE rows
 TILED_SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})
+# Of those, the ones steps of 8 rows and more multiply with x in vector lanes on AVX-512 VNNI (q8_lanes.h), past 64
+LANE_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 QBLOCK, QK_K, LANES = 32, 256, 8  # quant.h: weights per block, per K-quant super-block; floats per vector
 # quant.h's weights_supported: a row's length is a multiple of this
 ROW_MULTIPLE = {Q.Q4_0: QBLOCK, Q.Q4_1: QBLOCK, Q.Q8_0: QBLOCK, Q.Q5_0: QBLOCK, Q.Q5_1: QBLOCK, Q.Q2_K: QK_K,
