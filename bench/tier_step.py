@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--modes: {', '.join(sorted(unknown))} not of {', '.join(TIER_MODES)}")
     print(f"{cpu_model()}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}")
     needed = {MODES[mode][0] for mode in modes}
-    models = {w: load_model(args.model, stored=STORED_TYPES if w == "gguf" else ()) for w in ("gguf", "float32")
-              if w in needed}
+    models: dict[str, LoadedModel] = {w: load_model(args.model, stored=STORED_TYPES if w == "gguf" else ())
+                                      for w in ("gguf", "float32") if w in needed}
     rss = {weights: weights_rss_mib(weights, args.model) for weights in models}
     print(f"model: {next(iter(models.values())).files.path.name}; resident after load (a fresh process, KV pool "
           "excluded): " + ", ".join(f"{w} {mib:.0f} MiB" for w, mib in rss.items()))
