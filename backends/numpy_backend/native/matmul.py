@@ -42,7 +42,7 @@ class NativeMatmul:
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows (not on the
     EIGHT_LANES_ONLY types: Q5_0, Q5_1, the K-quants); on every tier but generic, steps of 1-3 rows on the
     SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants) with 8-bit x (q8_dots.h, q8_k.h, q8_k23.h,
-    q8_q8_0.h). Other steps are exact."""
+    q8_lanes.h). Other steps are exact."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
                  library_path: Path | None = None, tier: CpuTier | None = None) -> None:
@@ -96,7 +96,7 @@ class NativeMatmul:
             eight_bit += f", {lane_types} from 8 rows with x in lanes, any rows"
         if self.fast_uses_tiles:
             tiled = " / ".join(sorted(t.name for t in TILED_SMALL_STEP_TYPES))
-            below = f"; {tiled} below 16 rows, Q8_0 up to 32: 8-bit x" if self.fast_wide_steps else ""
+            below = f", {tiled} below 16 rows, Q8_0 up to 32: 8-bit x" if self.fast_wide_steps else ""
             tiles = f"bfloat16 products on AMX tiles ({lanes} weights: {eight_bit}{below})"
         elif self.fast_wide_steps:
             tiles = f"{small_types} weights {eight_bit}, other weights exact (no AMX tiles on {tier})"

@@ -1,9 +1,8 @@
 /* The fast precision's small steps: y = x @ w.T for 1 .. FAST_MIN_ROWS - 1 rows of x (on AVX-512 builds up to
- * Q8_MAX_ROWS, fast_matmul.h) and Q4_0, Q4_1, Q5_0 or Q5_1 weights (the K-quants: q8_k.h, q8_k23.h; Q8_0:
- * q8_q8_0.h), multiplied in
- * integers (as llama.cpp's CPU kernels do). Each row of x is
- * rounded, per block of 32, to 8-bit integers qx with one scale dx = max |x| / 127; each block's 32 products of
- * the stored 4-bit (Q5: 5-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
+ * Q8_MAX_ROWS, fast_matmul.h) and Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 weights (the K-quants: q8_k.h, q8_k23.h),
+ * multiplied in integers (as llama.cpp's CPU kernels do). Each row of x is rounded, per block of 32, to 8-bit
+ * integers qx with one scale dx = max |x| / 127; each block's 32 products of the stored 4-bit (Q5: 5-bit, Q8_0:
+ * 8-bit) integers qw and qx are summed exactly in int32 (VNNI's vpdpbusd, AVX2's
  * pmaddubsw + pmaddwd, or the Arm dot product extension's sdot), then scaled in float:
  *   Q4_1, Q5_1, w = dw * qw + mw:   dw * dx * sum(qw * qx) + mw * sx
  *   Q4_0, w = dw * (qw - 8):        dw * dx * sum(qw * qx) - 8 * dw * sx
@@ -12,9 +11,14 @@
  * from qh above it, 0..31). The exact kernels dequantize every weight to a float and multiply floats, which
  * kept a batch-1 step's projections bound by the arithmetic at half the bus's speed. Here 8 weight rows are
  * multiplied together, one a lane (q8_group_t): a block of the 8 rows costs four loads and eight shuffles to
- * transpose their bytes, eight masks, eight integer dots, and one conversion and one FMA per row of x. Q8_0 had
- * stayed exact (SmolLM2's 30 MB head read at the bus's speed either way, and rounding x for it moved perplexity
- * by 0.78 % instead of 0.55 % with the loop of that time) until Gemma 3's 178 MB one: q8_q8_0.h.
+ * transpose their bytes, eight masks, eight integer dots, and one conversion and one FMA per row of x.
+ *
+ * Q8_0, w = dw * qw (32 signed bytes, no offset term):   dw * dx * sum(qw * qx)
+ * as llama.cpp multiplies Q8_0 by 8-bit x. Its products take x86's unsigned operand in two ways, both exact: with
+ * VNNI, qw + 128 (the sign bit flipped), the chain started at -128 * sum(qx); with AVX2's pmaddubsw, |qw| against
+ * qx with qw's sign. NEON's sdot takes the signed bytes as they are. Q8_0 had stayed exact (SmolLM2's 30 MB head
+ * read at the bus's speed either way, and rounding x for it moved perplexity by 0.78 % instead of 0.55 % with the
+ * loop of that time) until Gemma 3's 178 MB head: 16 of a batch-1 step's 26 ms of CPU (amx tier, one thread).
  *
  * Rounding x costs accuracy, measured by bench/precision.py against the exact precision; and a row's result
  * depends on its step's size (these for small steps, the tiles of fast_matmul.h for larger ones). The
@@ -59,7 +63,7 @@ typedef struct {
     int8_t *q;  /* m x k: qx */
     float *d;   /* m x k / 32: each block's dx */
     float *s;   /* m x k / 32: each block's sx = dx * sum(qx) */
-    int32_t *n; /* m x k / 32: each block's sum(qx) (Q8_0's unsigned weights take back 128 of them: q8_q8_0.h) */
+    int32_t *n; /* m x k / 32: each block's sum(qx) (Q8_0's flipped weights take back 128 of them) */
 } Q8Rows;
 
 static inline int64_t q8_x_bytes(int64_t m, int64_t k) { return m * k + 3 * m * (k / QBLOCK) * 4; }
@@ -136,6 +140,18 @@ static inline __m256i dot_u8s8_add(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+/* acc + the 8 int32 sums of 4 products each of signed bytes w and x: |w| against x with w's sign (|w| <= 128 and
+ * |x| <= 127: a pair of pmaddubsw's products stays below 2^15). */
+static inline __m256i dot_s8s8_add(__m256i acc, __m256i w, __m256i x) {
+    return dot_u8s8_add(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+}
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define Q8_0_UNSIGNED 1 /* Q8_0's weights flipped to unsigned (qw + 128), 128 sum(qx) taken back from the chain */
+#else
+#define Q8_0_UNSIGNED 0
+#endif
+
 /* 8 uint32 lanes (each < 65536) as 8 uint16. */
 static inline __m128i low_halves(__m256i v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -166,6 +182,10 @@ static inline __attribute__((always_inline)) void q8_group_scales(const Q8Group 
                                                                  __m256 *m, const int32_t type) {
     const __m256i pairs = _mm256_i32gather_epi32((const int *)(g->row[0] + b * q8_block_bytes(type)), g->offsets, 1);
     *d = _mm256_cvtph_ps(low_halves(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff))));
+    if (type == WEIGHTS_Q8_0) { /* no offset term (q8_scale_add skips it) */
+        *m = _mm256_setzero_ps();
+        return;
+    }
     *m = q8_has_min(type) ? _mm256_cvtph_ps(low_halves(_mm256_srli_epi32(pairs, 16)))
                           : _mm256_mul_ps(*d, _mm256_set1_ps(q8_offset(type)));
 }
@@ -198,6 +218,14 @@ static inline __attribute__((always_inline)) void q8_transpose16(const Q8Group *
  * bits from its qh, gathered). */
 static inline __attribute__((always_inline)) void q8_group_weights(const Q8Group *g, int64_t b, __m256i lo[4],
                                                                   __m256i hi[4], const int32_t type) {
+    if (type == WEIGHTS_Q8_0) { /* 32 signed bytes after d: as they are, or + 128 for vpdpbusd */
+        q8_transpose16(g, b * q8_block_bytes(type) + 2, lo);
+        q8_transpose16(g, b * q8_block_bytes(type) + 18, hi);
+        for (int c = 0; c < 4 && Q8_0_UNSIGNED; c++)
+            lo[c] = _mm256_xor_si256(lo[c], _mm256_set1_epi8((char)0x80)),
+            hi[c] = _mm256_xor_si256(hi[c], _mm256_set1_epi8((char)0x80));
+        return;
+    }
     const int64_t at = b * q8_block_bytes(type) + q8_nibbles_at(type);
     __m256i words[4];
     q8_transpose16(g, at, words);
@@ -221,13 +249,21 @@ static inline __m256i q8_x_word(const int8_t *q) {
     return _mm256_set1_epi32(word);
 }
 
-/* The integer dot product of block b of row i of x with the group's rows, one lane a row: two chains of four. */
+/* acc + the products of 4 weight bytes (lane j: row j's) with 4 of x: the weights unsigned, or Q8_0's signed
+ * ones (flipped to unsigned with VNNI, whose chain starts at -128 sum(qx)). */
+static inline __attribute__((always_inline)) __m256i q8_dot_add(__m256i acc, __m256i w, __m256i x, const int32_t type) {
+    return type == WEIGHTS_Q8_0 && !Q8_0_UNSIGNED ? dot_s8s8_add(acc, w, x) : dot_u8s8_add(acc, w, x);
+}
+
+/* The integer dot product of block b of row i of x (its sum(qx) `sum`) with the group's rows, one lane a row: two
+ * chains of four. */
 static inline __attribute__((always_inline)) __m256i q8_group_dots(const __m256i lo[4], const __m256i hi[4],
-                                                                  const int8_t *qx) {
-    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+                                                                  const int8_t *qx, int32_t sum, const int32_t type) {
+    const int flipped = type == WEIGHTS_Q8_0 && Q8_0_UNSIGNED;
+    __m256i even = _mm256_set1_epi32(flipped ? -128 * sum : 0), odd = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
-        even = dot_u8s8_add(even, lo[c], q8_x_word(qx + 4 * c));
-        odd = dot_u8s8_add(odd, hi[c], q8_x_word(qx + 16 + 4 * c));
+        even = q8_dot_add(even, lo[c], q8_x_word(qx + 4 * c), type);
+        odd = q8_dot_add(odd, hi[c], q8_x_word(qx + 16 + 4 * c), type);
     }
     return _mm256_add_epi32(even, odd);
 }
@@ -235,9 +271,10 @@ static inline __attribute__((always_inline)) __m256i q8_group_dots(const __m256i
 /* One row of x's block `at` (its dx and sx) into its two chains, lanes the group's rows: dots * (dw * dx), then
  * mw * sx (the float operations, and their order, of every type and tier). */
 static inline __attribute__((always_inline)) void q8_scale_add(__m256i dots, __m256 d, __m256 m, const Q8Rows *x,
-                                                               int64_t at, __m256 *acc, __m256 *mins) {
+                                                               int64_t at, __m256 *acc, __m256 *mins,
+                                                               const int offset) {
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(d, _mm256_set1_ps(x->d[at])), *acc);
-    *mins = _mm256_fmadd_ps(m, _mm256_set1_ps(x->s[at]), *mins);
+    if (offset) *mins = _mm256_fmadd_ps(m, _mm256_set1_ps(x->s[at]), *mins);
 }
 
 /* y[i, first + j] (+)= acc + mins of row i of x, for the group's valid rows. */
@@ -273,8 +310,11 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
         __m256i lo[4], hi[4];
         q8_group_scales(&g, b, &d, &m, type);
         q8_group_weights(&g, b, lo, hi, type);
-        for (int i = 0; i < rows; i++) q8_scale_add(q8_group_dots(lo, hi, x->q + (i * blocks + b) * QBLOCK), d, m, x,
-                                                     i * blocks + b, &acc[i], &mins[i]);
+        for (int i = 0; i < rows; i++) {
+            const int64_t at = i * blocks + b;
+            q8_scale_add(q8_group_dots(lo, hi, x->q + at * QBLOCK, x->n[at], type), d, m, x, at, &acc[i], &mins[i],
+                         type != WEIGHTS_Q8_0);
+        }
     }
     q8_group_store(acc, mins, rows, y, n, first, add);
 }
@@ -354,7 +394,11 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
             d[h] = q8_scales4(row + 4 * h, b * bytes);
             m[h] = q8_has_min(type) ? q8_scales4(row + 4 * h, b * bytes + 2) : vmulq_n_f32(d[h], q8_offset(type));
         }
-        for (int j = 0; j < Q8_GROUP; j++) {
+        for (int j = 0; j < Q8_GROUP && type == WEIGHTS_Q8_0; j++) { /* 32 signed bytes after d, as they are */
+            lo[j] = vld1q_s8((const int8_t *)row[j] + b * bytes + 2);
+            hi[j] = vld1q_s8((const int8_t *)row[j] + b * bytes + 18);
+        }
+        for (int j = 0; j < Q8_GROUP && type != WEIGHTS_Q8_0; j++) {
             const uint8x16_t q = vld1q_u8(row[j] + b * bytes + nibbles);
             u8x16 fifth[2] = {{0}, {0}};
             if (q8_five(type)) fifth_bits(row[j] + b * bytes + nibbles - 4, fifth); /* quant_k.h */
@@ -367,7 +411,7 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
             for (int h = 0; h < 2; h++) {
                 const float32x4_t dots = vcvtq_f32_s32(q8_dots4(lo + 4 * h, hi + 4 * h, xlo, xhi));
                 acc[i][h] = vfmaq_f32(acc[i][h], dots, vmulq_n_f32(d[h], x->d[at]));
-                mins[i][h] = vfmaq_n_f32(mins[i][h], m[h], x->s[at]);
+                if (type != WEIGHTS_Q8_0) mins[i][h] = vfmaq_n_f32(mins[i][h], m[h], x->s[at]); /* no offset */
             }
         }
     }
@@ -377,7 +421,6 @@ static inline __attribute__((always_inline)) void q8_group_t(const Q8Rows *x, co
 
 #include "q8_k.h"   /* the K-quants' groups */
 #include "q8_k23.h" /* Q2_K's and Q3_K's */
-#include "q8_q8_0.h" /* Q8_0's */
 #include "q8_lanes.h" /* Q8_0's and the K-quants', rows of x in lanes, for steps of 8+ rows (AVX-512 VNNI) */
 
 /* Every row of x rounded into r. */
@@ -412,7 +455,7 @@ __attribute__((aligned(HOT_ALIGN))) static void q8_group_of(const Q8Rows *x, con
     case WEIGHTS_Q4_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q4_K) break;
     case WEIGHTS_Q5_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q5_K) break;
     case WEIGHTS_Q6_K: Q8_GROUP_ROWS(q8_group_k_t, WEIGHTS_Q6_K) break;
-    case WEIGHTS_Q8_0: Q8_GROUP_ROWS(q8_group_q8_0_t, WEIGHTS_Q8_0) break;
+    case WEIGHTS_Q8_0: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q8_0) break;
     default: Q8_GROUP_ROWS(q8_group_t, WEIGHTS_Q4_0) break;
     }
 #undef Q8_GROUP_ROWS

@@ -62,11 +62,6 @@ static inline __attribute__((always_inline)) void q8_group_k_half(const Q8Group 
     }
 }
 
-/* acc + the 8 int32 sums of 4 products each of signed bytes w and x (|w| <= 32: no saturation). */
-static inline __m256i dot_s8s8_add(__m256i acc, __m256i w, __m256i x) {
-    return dot_u8s8_add(acc, _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-}
-
 /* One half's integer dot products with row i of x's 16 values at qx, one lane a row. */
 static inline __attribute__((always_inline)) __m256i q8_half_dots(const __m256i w[4], const int8_t *qx, int sign) {
     __m256i sum = _mm256_setzero_si256();
@@ -94,7 +89,7 @@ static inline __attribute__((always_inline)) void q8_group_k_block(const Q8Rows 
         } else {
             const __m256i dots = _mm256_add_epi32(q8_half_dots(lo, qx, 0), q8_half_dots(hi, qx + 16, 0));
             const __m256 m = _mm256_xor_ps(q8_k_lanes(ks, 16 + s), _mm256_set1_ps(-0.0f)); /* -M, exact */
-            q8_scale_add(dots, q8_k_lanes(ks, s), m, x, at, &acc[i], &mins[i]);
+            q8_scale_add(dots, q8_k_lanes(ks, s), m, x, at, &acc[i], &mins[i], 1);
         }
     }
 }

@@ -1,6 +1,6 @@
 /* The fast precision's 8-bit path for steps of Q8_LANES_MIN_ROWS rows or more on Q8_0 and the K-quants (Q4_K,
  * Q5_K, Q6_K), on AVX-512 VNNI: the rows of x in the lanes of a 512-bit vector (16 at a time) instead of the
- * weight rows (q8_q8_0.h's and q8_k.h's groups).
+ * weight rows (q8_dots.h's and q8_k.h's groups).
  *
  * Why: a group of 8 weight rows pays its decoding (8 x 4-byte transposes, masks, a gather of the scales) once
  * per 6 rows of x, and every row of x its own broadcasts, conversion and scaling for 8 weight rows; at 16 rows
@@ -22,7 +22,7 @@
 #if defined(Q8_X86) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q8_LANES 1
 #define Q8_LANE_ROWS 16     /* rows of x in a vector */
-#define Q8_LANES_MIN_ROWS 8 /* fewer rows: the groups of q8_q8_0.h / q8_k.h (6 rows: even on Gemma's head) */
+#define Q8_LANES_MIN_ROWS 8 /* fewer rows: the groups of q8_dots.h / q8_k.h (6 rows: even on Gemma's head) */
 #define Q8_LANES_GROUP 8    /* weight rows at once: eight chains of vpdpbusd hide its latency */
 #define Q8_LANE_VECTORS 13  /* per block: 8 words, dx, sx, and the chains' starts (Q8_0's, Q6_K's two halves') */
 enum { LANE_DX = 8, LANE_SX, LANE_START_Q8_0, LANE_START_HALF };
@@ -105,10 +105,10 @@ static inline __attribute__((always_inline)) void q8_lanes_q8_0(const uint8_t *c
     __m512i dots[Q8_LANES_GROUP];
     float scale[Q8_LANES_GROUP];
     for (int j = 0; j < Q8_LANES_GROUP; j++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(row[j] + b * Q8_0_BYTES + 2));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(row[j] + b * q8_block_bytes(WEIGHTS_Q8_0) + 2));
         _mm256_store_si256((__m256i *)bytes[j], _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
         wb[j] = bytes[j], dots[j] = xb[LANE_START_Q8_0];
-        scale[j] = _cvtsh_ss(load_u16(row[j] + b * Q8_0_BYTES));
+        scale[j] = _cvtsh_ss(load_u16(row[j] + b * q8_block_bytes(WEIGHTS_Q8_0)));
     }
     q8_lanes_dots(wb, xb, 0, 8, dots);
     q8_lanes_scale(dots, scale, _mm512_castsi512_ps(xb[LANE_DX]), acc);

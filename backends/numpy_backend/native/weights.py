@@ -19,7 +19,7 @@ STORED_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K
 # Read by the 8-lane kernels alone, on every tier (quant_k.h): never on AMX tiles, so exact in the fast precision's
 # steps of 4 rows and more
 EIGHT_LANES_ONLY = frozenset({Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
-# The fast precision's steps of 1-3 rows multiply 8-bit x by these types' integers (q8_dots.h, q8_k.h, q8_q8_0.h)
+# The fast precision's steps of 1-3 rows multiply 8-bit x by these types' integers (q8_dots.h, q8_k.h, q8_k23.h)
 SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 # Of those, the ones the AMX tiles read too (the others are EIGHT_LANES_ONLY): the tiles from FAST_TILE rows
 TILED_SMALL_STEP_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q8_0})
