@@ -295,7 +295,7 @@ INLINE void values_all_heads(const DecodeShape *s, const void *v_layer, const in
 #if defined(SIMD_NEON)
 #define NEON_SUMS 12 /* accumulator pairs a NEON pass keeps in registers: 24 of the 32 */
 
-/* values_by_head with NEON pairs: where a kv head's group * chunks accumulators are more than NEON_SUMS pairs
+/* values_by_columns (the x86 path) with NEON pairs, one pass a kv head: where a kv head's group * chunks accumulators are more than NEON_SUMS pairs
  * and chunks is even, its columns in two passes (each reading its half of the head's slice of every row: each
  * line still read once). Each output's sum is the generic one's: the same FMAs in token order. */
 INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
@@ -331,35 +331,6 @@ INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int3
         }
 }
 #else
-/* acc by kv head, its query heads' sums in registers: a pass over the value rows for each kv head, reading only
- * its part of each row, so each line is still read once (the passes per kv head and register tile of an earlier
- * version read whole rows each time). In L1, as in values_all_heads, the sums cost a load and a store beside
- * every FMA, and each float16 value was widened once per query head. The first pass prefetches the next block's
- * rows as values_all_heads does; the last, the next sequence's keys (`ahead`). */
-INLINE void values_by_head(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
-                           int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
-                           int64_t ahead_ctx, int half) {
-    const int64_t head_bytes = s->head_dim * kv_bytes(half);
-    for (int64_t h = kv_first(s); h < kv_end(s); h++) {
-        vec8 sums[REGISTER_SUMS];
-        for (int64_t i = 0; i < group * chunks; i++) sums[i] = (vec8){0};
-        RowCursor cursor = cursor_at_start(s, v_layer, table, ctx, h == kv_first(s), half);
-        const float *p = probs + h * group * ctx;
-        for (int64_t t = 0; t < ctx; t++) {
-            if (h + 1 == kv_end(s) && t < ahead_ctx) prefetch_row(cursor_next(ahead), ahead->row);
-            const char *row = cursor_next(&cursor) + h * head_bytes;
-            for (int64_t i = 0; i < chunks; i++) {
-                const vec8 v = kv_load8(row, i, half);
-                for (int64_t g = 0; g < group; g++)
-                    sums[g * chunks + i] = fma8(v, p[g * ctx + t] + (vec8){0}, sums[g * chunks + i]);
-            }
-        }
-        for (int64_t i = 0; i < group * chunks; i++) acc[h * group * chunks + i] = sums[i];
-    }
-}
-#endif
-
-#if !defined(SIMD_NEON)
 /* The widest strip of a head's columns (vec8s) whose sums for every query head of a group fit REGISTER_SUMS: a
  * divisor of chunks; 0 when not even two columns do. */
 static inline int64_t column_strip(int64_t group, int64_t chunks) {
@@ -368,10 +339,14 @@ static inline int64_t column_strip(int64_t group, int64_t chunks) {
     return 0;
 }
 
-/* values_by_head for heads too wide for their sums to fit registers (Gemma 3: 4 query heads of 256 per kv head),
- * a strip of columns at a time: a pass per kv head and strip over the value rows, each reading its part of every
- * row (each line still read once), the sums in registers instead of a load and a store in L1 beside every FMA.
- * Each output's sum is values_all_heads': the same FMAs in token order. */
+/* acc by kv head and strip of `cols` columns (vec8s), its query heads' sums in registers: a pass over the value
+ * rows for each kv head and strip, reading only its part of each row, so each line is still read once (the passes
+ * per kv head and register tile of an earlier version read whole rows each time). Kept in L1, as values_all_heads
+ * keeps them, the sums cost a load and a store beside every FMA, and each float16 value was widened once per query head.
+ * cols = chunks where a head's sums fit the registers (one pass a kv head); a strip where they do not and the
+ * head is wide (Gemma 3: 4 query heads of 256 per kv head). The first pass prefetches the next block's rows as
+ * values_all_heads does; the last, the next sequence's keys (`ahead`). Each output's sum is values_all_heads':
+ * the same FMAs in token order. */
 INLINE void values_by_columns(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
                               int64_t group, int64_t chunks, int64_t cols, const float *probs, vec8 *acc,
                               RowCursor *ahead, int64_t ahead_ctx, int half) {
@@ -404,12 +379,13 @@ INLINE void values_by_columns(const DecodeShape *s, const void *v_layer, const i
 INLINE void sequence_values(const DecodeShape *s, const void *v_layer, const int32_t *table, int64_t ctx,
                             int64_t group, int64_t chunks, const float *probs, vec8 *acc, RowCursor *ahead,
                             int64_t ahead_ctx, int half) {
+#if defined(SIMD_NEON)
     if (group * chunks <= REGISTER_SUMS) {
         values_by_head(s, v_layer, table, ctx, group, chunks, probs, acc, ahead, ahead_ctx, half);
         return;
     }
-#if !defined(SIMD_NEON)
-    const int64_t cols = chunks >= 32 ? column_strip(group, chunks) : 0;
+#else
+    const int64_t cols = group * chunks <= REGISTER_SUMS ? chunks : chunks >= 32 ? column_strip(group, chunks) : 0;
     if (cols) {
         values_by_columns(s, v_layer, table, ctx, group, chunks, cols, probs, acc, ahead, ahead_ctx, half);
         return;

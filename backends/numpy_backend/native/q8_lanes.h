@@ -68,6 +68,11 @@ static void q8_to_lanes(const Q8Rows *x, int64_t first, int count, int64_t block
     }
 }
 
+/* How many of the 16 rows of x in lanes chunk ch holds, of m. */
+static inline int q8_lane_count(int64_t m, int64_t ch) {
+    return (int)(m - ch * Q8_LANE_ROWS < Q8_LANE_ROWS ? m - ch * Q8_LANE_ROWS : Q8_LANE_ROWS);
+}
+
 /* The weight rows first .. first + 7 (past n the last row again, computed and not stored). */
 static inline void q8_lane_rows(const Weights *w, int64_t n, int64_t first, const uint8_t *row[Q8_LANES_GROUP]) {
     for (int j = 0; j < Q8_LANES_GROUP; j++) row[j] = weights_row(w, first + j < n ? first + j : n - 1);
@@ -96,31 +101,20 @@ static inline __attribute__((always_inline)) void q8_lanes_scale(const __m512i d
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[j]), _mm512_mul_ps(_mm512_set1_ps(scale[j]), dx), acc[j]);
 }
 
-/* Q8_0's block b of the 8 rows (their signs flipped into `bytes`: unsigned qw + 128) into acc. */
-static inline __attribute__((always_inline)) void q8_lanes_q8_0(const uint8_t *const row[Q8_LANES_GROUP],
-                                                               int64_t b, const __m512i *xb,
-                                                               __m512 acc[Q8_LANES_GROUP]) {
-    uint8_t bytes[Q8_LANES_GROUP][32] __attribute__((aligned(32)));
-    const uint8_t *wb[Q8_LANES_GROUP];
-    __m512i dots[Q8_LANES_GROUP];
-    float scale[Q8_LANES_GROUP];
-    for (int j = 0; j < Q8_LANES_GROUP; j++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(row[j] + b * q8_block_bytes(WEIGHTS_Q8_0) + 2));
-        _mm256_store_si256((__m256i *)bytes[j], _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
-        wb[j] = bytes[j], dots[j] = xb[LANE_START_Q8_0];
-        scale[j] = _cvtsh_ss(load_u16(row[j] + b * q8_block_bytes(WEIGHTS_Q8_0)));
-    }
-    q8_lanes_dots(wb, xb, 0, 8, dots);
-    q8_lanes_scale(dots, scale, _mm512_castsi512_ps(xb[LANE_DX]), acc);
-}
-
-/* Block b of a Q4_0 / Q4_1 / Q5_0 / Q5_1 row as 32 unsigned bytes in order (the nibbles, Q5's fifth bits from qh
- * above them), its d and its offset m (w = d q + m: Q4_1's and Q5_1's stored m, else -8 d or -16 d). */
-static inline __attribute__((always_inline)) void q8_lanes_legacy_decode(const uint8_t *row, int64_t b,
-                                                                        uint8_t out[32], float *d, float *m,
-                                                                        const int32_t type) {
+/* Block b of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 row as 32 unsigned bytes in order (the nibbles, Q5's fifth bits
+ * from qh above them; Q8_0's signed bytes + 128), its d and its offset m (w = d q + m: Q4_1's and Q5_1's stored
+ * m, else -8 d or -16 d; Q8_0 none: its chain starts at -128 sum(qx) instead). */
+static inline __attribute__((always_inline)) void q8_lanes_block_decode(const uint8_t *row, int64_t b,
+                                                                       uint8_t out[32], float *d, float *m,
+                                                                       const int32_t type) {
     const uint8_t *block = row + b * q8_block_bytes(type), *nibbles = block + q8_nibbles_at(type);
     *d = _cvtsh_ss(load_u16(block));
+    if (type == WEIGHTS_Q8_0) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(block + 2));
+        _mm256_store_si256((__m256i *)out, _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+        *m = 0.0f;
+        return;
+    }
     *m = q8_has_min(type) ? _cvtsh_ss(load_u16(block + 2)) : *d * q8_offset(type);
     const __m128i packed = _mm_loadu_si128((const __m128i *)nibbles), low = _mm_set1_epi8(0x0f);
     __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low), _mm_and_si128(packed, low));
@@ -137,21 +131,22 @@ static inline __attribute__((always_inline)) void q8_lanes_legacy_decode(const u
     _mm256_store_si256((__m256i *)out, q);
 }
 
-/* A Q4_0 / Q4_1 / Q5_0 / Q5_1 block b of the 8 rows into acc and mins, as q8_dots.h's q8_group_t. */
-static inline __attribute__((always_inline)) void q8_lanes_legacy(const uint8_t *const row[Q8_LANES_GROUP],
-                                                                 int64_t b, const __m512i *xb,
-                                                                 __m512 acc[Q8_LANES_GROUP],
-                                                                 __m512 mins[Q8_LANES_GROUP], const int32_t type) {
+/* A Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 block b of the 8 rows into acc and mins, as q8_dots.h's q8_group_t. */
+static inline __attribute__((always_inline)) void q8_lanes_block(const uint8_t *const row[Q8_LANES_GROUP],
+                                                                int64_t b, const __m512i *xb,
+                                                                __m512 acc[Q8_LANES_GROUP],
+                                                                __m512 mins[Q8_LANES_GROUP], const int32_t type) {
     uint8_t bytes[Q8_LANES_GROUP][32] __attribute__((aligned(32)));
     const uint8_t *wb[Q8_LANES_GROUP];
     __m512i dots[Q8_LANES_GROUP];
     float scale[Q8_LANES_GROUP], offset[Q8_LANES_GROUP];
     for (int j = 0; j < Q8_LANES_GROUP; j++) {
-        q8_lanes_legacy_decode(row[j], b, bytes[j], &scale[j], &offset[j], type);
-        wb[j] = bytes[j], dots[j] = _mm512_setzero_si512();
+        q8_lanes_block_decode(row[j], b, bytes[j], &scale[j], &offset[j], type);
+        wb[j] = bytes[j], dots[j] = type == WEIGHTS_Q8_0 ? xb[LANE_START_Q8_0] : _mm512_setzero_si512();
     }
     q8_lanes_dots(wb, xb, 0, 8, dots);
     q8_lanes_scale(dots, scale, _mm512_castsi512_ps(xb[LANE_DX]), acc);
+    if (type == WEIGHTS_Q8_0) return; /* no offset term */
     const __m512 sx = _mm512_castsi512_ps(xb[LANE_SX]);
     for (int j = 0; j < Q8_LANES_GROUP; j++) mins[j] = _mm512_fmadd_ps(_mm512_set1_ps(offset[j]), sx, mins[j]);
 }
@@ -225,10 +220,7 @@ static inline __attribute__((always_inline)) void q8_lanes_block_group(const Wei
     for (int j = 0; j < Q8_LANES_GROUP; j++) acc[j] = mins[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b++) {
         ahead_step(&ahead);
-        if (type == WEIGHTS_Q8_0)
-            q8_lanes_q8_0(row, b, xl + b * Q8_LANE_VECTORS, acc);
-        else
-            q8_lanes_legacy(row, b, xl + b * Q8_LANE_VECTORS, acc, mins, type);
+        q8_lanes_block(row, b, xl + b * Q8_LANE_VECTORS, acc, mins, type);
     }
 }
 
@@ -267,11 +259,10 @@ static inline __attribute__((always_inline)) void q8_lanes_t(const __m512i *xl, 
     const int64_t chunks = (m + Q8_LANE_ROWS - 1) / Q8_LANE_ROWS;
     if (is_k_quant(type)) q8_lanes_k_group(w, xl, chunks, blocks, n, first, sums, type);
     for (int64_t ch = 0; ch < chunks; ch++) {
-        const int count = (int)(m - ch * Q8_LANE_ROWS < Q8_LANE_ROWS ? m - ch * Q8_LANE_ROWS : Q8_LANE_ROWS);
         __m512 *acc = sums + ch * 2 * Q8_LANES_GROUP, *mins = acc + Q8_LANES_GROUP;
         if (!is_k_quant(type))
             q8_lanes_block_group(w, xl + ch * blocks * Q8_LANE_VECTORS, blocks, n, first, ch == 0, acc, mins, type);
-        q8_lanes_store(acc, mins, count, y + ch * Q8_LANE_ROWS * n, n, first, add);
+        q8_lanes_store(acc, mins, q8_lane_count(m, ch), y + ch * Q8_LANE_ROWS * n, n, first, add);
     }
 }
 
@@ -284,8 +275,7 @@ static void project_q8_lanes(const Q8Rows *x, const Weights *w, float *y, int64_
     __m512i *xl = (__m512i *)(((uintptr_t)lanes + 63) & ~(uintptr_t)63);
     __m512 *sums = (__m512 *)(xl + chunks * blocks * Q8_LANE_VECTORS);
     for (int64_t ch = 0; ch < chunks; ch++) {
-        const int count = (int)(m - ch * Q8_LANE_ROWS < Q8_LANE_ROWS ? m - ch * Q8_LANE_ROWS : Q8_LANE_ROWS);
-        q8_to_lanes(x, ch * Q8_LANE_ROWS, count, blocks, xl + ch * blocks * Q8_LANE_VECTORS);
+        q8_to_lanes(x, ch * Q8_LANE_ROWS, q8_lane_count(m, ch), blocks, xl + ch * blocks * Q8_LANE_VECTORS);
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < (n + Q8_LANES_GROUP - 1) / Q8_LANES_GROUP; t++) {
