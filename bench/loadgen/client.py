@@ -88,6 +88,8 @@ def request_body(target: Target, spec: RequestSpec) -> dict[str, object]:
         body["model"] = target.model
     if spec.ignore_eos:
         body["ignore_eos"] = True
+    if spec.temperature is not None:
+        body["temperature"] = spec.temperature
     return body
 
 

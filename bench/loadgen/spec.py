@@ -45,6 +45,7 @@ class RequestSpec:
     messages: tuple[Message, ...] = ()
     max_tokens: int = 128
     ignore_eos: bool = True
+    temperature: float | None = None  # None: omitted, so the server samples at its default (OpenAI's: 1.0)
 
     def chat_messages(self) -> tuple[Message, ...]:
         return self.messages or (("user", self.prompt),)

@@ -91,3 +91,9 @@ def test_file_workload(tmp_path: Path) -> None:
     path.write_text(json.dumps(lines[2]))
     with pytest.raises(ValueError, match="prompts.jsonl:1"):
         FileWorkload.load(path)
+
+
+def test_a_request_sends_its_temperature_only_when_given() -> None:
+    """The server's default temperature is OpenAI's 1.0: a bench that needs greedy answers must say so."""
+    assert "temperature" not in request_body(Target(), RequestSpec(prompt="x"))
+    assert request_body(Target(), RequestSpec(prompt="x", temperature=0.0))["temperature"] == 0.0

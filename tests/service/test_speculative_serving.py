@@ -81,7 +81,7 @@ def test_answers_are_those_without_speculation(server: LiveServer, prompt: list[
 def test_the_bench_reports_the_runs_acceptance_rate(server: LiveServer) -> None:
     """`pagedserve bench` reads the server's spec_decode counters over its measured run (warm-up excluded) and
     prints the share of guessed tokens kept."""
-    spec = RequestSpec(messages=(("user", ASK),), max_tokens=MAX_TOKENS, ignore_eos=False)
+    spec = RequestSpec(messages=(("user", ASK),), max_tokens=MAX_TOKENS, ignore_eos=False, temperature=0.0)
     before = server.metrics()
     m = asyncio.run(measure(Target(server.url, "chat"), FileWorkload((spec,)), LoadShape(concurrency=1),
                             Bounds(2, warmup=1)))
