@@ -8,7 +8,7 @@ token depends on its logits and its uniform only, never on what else shares the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from backends.base import AllowedTokens, SamplingInputs
 
@@ -24,21 +24,35 @@ class SampleResult:
     top_logprobs: Any | None  # (S, k)
 
 
-def sample(xp: Any, logits: Any, params: SamplingInputs) -> SampleResult:
+class RowSampler(Protocol):
+    """A backend's own kernel for the common random row: one token by inverse CDF over temperature-scaled,
+    min-p-filtered weights of the whole vocabulary (no top-k, no top-p), from the row's uniform."""
+
+    def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any) -> Any: ...
+
+
+def sample(xp: Any, logits: Any, params: SamplingInputs, row_sampler: RowSampler | None = None) -> SampleResult:
+    """row_sampler: draws the random rows without top-k / top-p (the rest keep this module's sampler)."""
     logits = apply_penalties(xp, logits.astype(xp.float32, copy=False), params)  # never writes to `logits`
     if params.allowed is not None:
         logits = apply_allowed(xp, logits, params.allowed)
     logprobs = log_softmax(xp, logits) if params.want_logprobs or params.num_top_logprobs else None
-    token_ids = xp.argmax(logits, axis=-1).astype(xp.int64)
     temperature = xp.asarray(params.temperature, dtype=xp.float32)
     random_rows = xp.flatnonzero(temperature >= GREEDY_BELOW)
-    if random_rows.size:
-        token_ids[random_rows] = _sample_rows(xp, logits[random_rows], _rows(xp, params, random_rows))
+    every_row_random = random_rows.size == logits.shape[0]  # then no argmax pass over the vocabulary
+    token_ids = xp.empty(logits.shape[0], dtype=xp.int64) if every_row_random else greedy_tokens(xp, logits)
+    if random_rows.size:  # every row random: the logits as they are, not a gathered copy of them
+        rows_logits = logits if every_row_random else logits[random_rows]
+        token_ids[random_rows] = _sample_random(xp, rows_logits, _rows(xp, params, random_rows), row_sampler)
     if logprobs is None:
         return SampleResult(token_ids, None, None, None)
     chosen = xp.take_along_axis(logprobs, token_ids[:, None], axis=-1)[:, 0]
     top_ids, top_values = top_logprobs(xp, logprobs, params.num_top_logprobs)
     return SampleResult(token_ids, chosen, top_ids, top_values)
+
+
+def greedy_tokens(xp: Any, logits: Any) -> Any:
+    return xp.argmax(logits, axis=-1).astype(xp.int64)
 
 
 def apply_allowed(xp: Any, logits: Any, allowed: AllowedTokens) -> Any:
@@ -129,6 +143,10 @@ class _RowParams:
     min_p: Any
     uniforms: Any
 
+    def subset(self, rows: Any) -> _RowParams:
+        return _RowParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows],
+                          self.uniforms[rows])
+
 
 def _rows(xp: Any, p: SamplingInputs, rows: Any) -> _RowParams:
     def pick(values: Any, dtype: Any) -> Any:
@@ -138,13 +156,32 @@ def _rows(xp: Any, p: SamplingInputs, rows: Any) -> _RowParams:
                       pick(p.min_p, xp.float32), pick(p.uniforms, xp.float64))
 
 
+def _sample_random(xp: Any, logits: Any, p: _RowParams, row_sampler: RowSampler | None) -> Any:
+    """The random rows' tokens: the row sampler's for rows without top-k / top-p, where there is one."""
+    if row_sampler is None:
+        return _sample_rows(xp, logits, p)
+    filtered = (p.top_k > 0) | (p.top_p < 1.0)
+    if not bool(filtered.any()):
+        return row_sampler(logits, p.temperature, p.min_p, p.uniforms)
+    out = xp.empty(logits.shape[0], dtype=xp.int64)
+    for rows, plain in ((xp.flatnonzero(filtered), False), (xp.flatnonzero(~filtered), True)):
+        if rows.size:
+            q = p.subset(rows)
+            out[rows] = (row_sampler(logits[rows], q.temperature, q.min_p, q.uniforms) if plain
+                         else _sample_rows(xp, logits[rows], q))
+    return out
+
+
 def _sample_rows(xp: Any, logits: Any, p: _RowParams) -> Any:
     """Sample one token per row from temperature-scaled, filtered probabilities by inverse CDF."""
     probs = _softmax(xp, logits / p.temperature[:, None])
     if bool((p.min_p > 0).any()):  # with min_p 0 the filter keeps every token: four passes over the vocabulary saved
         probs = xp.where(probs >= (p.min_p * probs.max(axis=-1))[:, None], probs, 0.0)
+    filtered = (p.top_k > 0) | (p.top_p < 1.0)
+    if bool(filtered.all()):  # no row for the plain draw: its cumulative sum over the vocabulary saved
+        return _sample_filtered(xp, probs, p.top_k, p.top_p, p.uniforms)
     out = _inverse_cdf(xp, probs, p.uniforms)  # rows without top-k/top-p: any token order will do
-    rows = xp.flatnonzero((p.top_k > 0) | (p.top_p < 1.0))
+    rows = xp.flatnonzero(filtered)
     if rows.size:
         out[rows] = _sample_filtered(xp, probs[rows], p.top_k[rows], p.top_p[rows], p.uniforms[rows])
     return out

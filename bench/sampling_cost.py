@@ -4,7 +4,8 @@
 
 Prints the median milliseconds per call for greedy rows, temperature 1 (no filter), and temperature 1 with
 top-p 0.9 and with min-p 0.05, each for the whole batch (the NumPy backend samples on the engine's thread while
-the kernels' threads wait for the next step)."""
+the kernels' threads wait for the next step): NumPy's sampler alone, and with the C row sampler (sampling.c)
+that the NumPy backend hands its temperature and min-p rows."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 import numpy as np
 
 from backends.base import SamplingInputs
-from backends.sampling import sample
+from backends.numpy_backend.native.sampler import NativeSampler
+from backends.sampling import RowSampler, sample
 
 
 def inputs(rows: int, temperature: float, top_p: float = 1.0, min_p: float = 0.0) -> SamplingInputs:
@@ -25,11 +27,11 @@ def inputs(rows: int, temperature: float, top_p: float = 1.0, min_p: float = 0.0
                           rng.random(rows, dtype=np.float32))
 
 
-def median_ms(logits: np.ndarray, params: SamplingInputs, repeats: int) -> float:
+def median_ms(logits: np.ndarray, params: SamplingInputs, repeats: int, row_sampler: RowSampler | None) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        sample(np, logits, params)
+        sample(np, logits, params, row_sampler)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
@@ -43,9 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     logits = np.random.default_rng(0).normal(0, 3, (args.rows, args.vocab)).astype(np.float32)
     cases = {"greedy": inputs(args.rows, 0.0), "temperature 1": inputs(args.rows, 1.0),
              "top-p 0.9": inputs(args.rows, 1.0, top_p=0.9), "min-p 0.05": inputs(args.rows, 1.0, min_p=0.05)}
-    print(f"{args.rows} rows x {args.vocab} logits, ms per sample() call (median of {args.repeats}):")
+    native = NativeSampler()
+    print(f"{args.rows} rows x {args.vocab} logits, ms per sample() call (median of {args.repeats}), "
+          f"C sampler built for tier {native.tier.name}:")
+    print(f"  {'':>14}  {'NumPy':>7}  {'with C':>7}")
     for name, params in cases.items():
-        print(f"  {name:>14}: {median_ms(logits, params, args.repeats):7.2f}")
+        costs = [median_ms(logits, params, args.repeats, sampler) for sampler in (None, native)]
+        print(f"  {name:>14}: {costs[0]:7.2f}  {costs[1]:7.2f}")
 
 
 if __name__ == "__main__":

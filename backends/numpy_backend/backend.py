@@ -40,6 +40,7 @@ class NumpyBackend:
         kernels = choose_kernels(cpu_kernels if tier else "numpy", cfg, model.weights, cpu_precision, tier)
         self.forward = DecoderForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
+        self.row_sampler = kernels.row_sampler  # None: NumPy draws every row
         self._cache: PagedKVCache | None = None
 
     def cost_prior(self) -> CostCoefficients:
@@ -91,7 +92,7 @@ class NumpyBackend:
         forward_done = time.perf_counter()
         if batch.sampling is None:  # nothing to sample (a step of prefill chunks only)
             return StepOutput(np.zeros(0, np.int64), timings={"forward": forward_done - start})
-        result = sample(np, logits, batch.sampling)
+        result = sample(np, logits, batch.sampling, self.row_sampler)
         timings = {"forward": forward_done - start, "sample": time.perf_counter() - forward_done}
         return StepOutput(result.token_ids, result.logprobs, result.top_token_ids, result.top_logprobs, timings)
 

@@ -18,6 +18,8 @@ from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
+from backends.numpy_backend.native.sampler import NativeSampler
+from backends.sampling import RowSampler
 
 log = logging.getLogger(__name__)
 K = TypeVar("K")
@@ -29,21 +31,23 @@ class CpuKernels:
     project: Projection  # x @ w.T
     fused_step: NativeFusedStep | None = None  # a small step in one call; None: layer by layer
     chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
+    row_sampler: RowSampler | None = None  # temperature / min-p rows; None: NumPy's sampler draws them
 
 
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact",
                    tier: CpuTier | None = None) -> CpuKernels:
     """mode "numpy": the references; "native": the C kernels built for `tier` or an error; "auto": each C
-    kernel when it builds and loads, and the attention and fused-step kernels when they support the model's
-    shape. precision "fast": the C projections of batches in bfloat16 products on the amx tier, of steps of 1-3
-    rows on Q4 weights in 8-bit integers from the avx2 and neon tiers up (fast_matmul.h); the NumPy kernels
-    have no fast precision. tier None: the highest this CPU runs."""
+    kernel (the sampler too) when it builds and loads, and the attention and fused-step kernels when they
+    support the model's shape. precision "fast": the C projections of batches in bfloat16 products on the amx
+    tier, of steps of 1-3 rows on Q4 weights in 8-bit integers from the avx2 and neon tiers up (fast_matmul.h);
+    the NumPy kernels have no fast precision. tier None: the highest this CPU runs."""
     fast, tier = precision == "fast", tier or host_tier()
     if mode == "numpy":
         return CpuKernels(decode_attention, numpy_project)
     decode, chunk = _attention(mode, config, tier)
     project = _native(mode, "projection", lambda: NativeMatmul(fast=fast, tier=tier).project, numpy_project)
-    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast, tier), chunk)
+    sampler = _native(mode, "sampler", lambda: NativeSampler(tier=tier), None)
+    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast, tier), chunk, sampler)
 
 
 def _attention(mode: str, config: ModelConfig, tier: CpuTier) -> tuple[DecodeAttention, ChunkAttention]:

@@ -20,6 +20,7 @@ from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.fused_step import NativeFusedStep
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, numpy_project
+from backends.numpy_backend.native.sampler import NativeSampler
 from tests.backends.bounds import assert_within, attention_bound
 from tests.backends.compiler import OWN_TIERS, flags_for, require_gcc, start_checked_compile
 from tests.backends.tiers import RUNNABLE
@@ -178,7 +179,7 @@ def test_rejects_what_the_kernel_cannot_do(tier: CpuTier, cache_dir: Path) -> No
     assert not NativeAttention.supports(34, 2, 64) and NativeAttention.supports(32, 8, 128)
 
 
-SOURCES = ("paged_attention.c", "matmul_rows.c", "fused_step.c")
+SOURCES = ("paged_attention.c", "matmul_rows.c", "fused_step.c", "sampling.c")
 # Every tier of this architecture with OpenMP (those this CPU cannot run too: compiled only), and the host's own
 # without it (then its pragmas are unknown).
 COMPILES = [(tier, OPENMP) for tier in OWN_TIERS] + [(tier, ("-Wno-unknown-pragmas",)) for tier in RUNNABLE[-1:]]
@@ -187,7 +188,7 @@ COMPILES = [(tier, OPENMP) for tier in OWN_TIERS] + [(tier, ("-Wno-unknown-pragm
 @pytest.mark.parametrize(("target", "openmp"), COMPILES,
                          ids=lambda v: v.name if isinstance(v, CpuTier) else " ".join(v))
 def test_the_sources_compile_without_warnings(tmp_path: Path, target: CpuTier, openmp: tuple[str, ...]) -> None:
-    """The three sources at once (the cores share them out); a compile that passed before on the same inputs is
+    """The four sources at once (the cores share them out); a compile that passed before on the same inputs is
     not repeated (compiler.start_checked_compile)."""
     runs = [start_checked_compile("cc", [*flags_for(target), *openmp, "-Wall", "-Wextra", "-Werror"],
                                   [SOURCE_DIR / source], tmp_path / f"{source}.so") for source in SOURCES]
@@ -298,7 +299,8 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptu
     native = choose_kernels("native", *model_of(64))
     assert getattr(native.decode_attention, "__self__", None).__class__ is NativeAttention
     assert getattr(native.project, "__self__", None).__class__ is NativeMatmul
-    assert isinstance(native.fused_step, NativeFusedStep)
+    assert isinstance(native.fused_step, NativeFusedStep) and isinstance(native.row_sampler, NativeSampler)
+    assert reference.row_sampler is None
     shape_not_done = choose_kernels("auto", *model_of(12))  # attention and the fused step do not do it; matmul does
     assert shape_not_done.decode_attention is decode_attention and shape_not_done.project is not numpy_project
     assert shape_not_done.fused_step is None
@@ -308,7 +310,7 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptu
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there: it must compile, and cannot
     with caplog.at_level(logging.WARNING):
         assert choose_kernels("auto", *model_of(64)) == reference
-    for what in ("attention", "projection", "fused step"):
+    for what in ("attention", "projection", "fused step", "sampler"):
         assert f"C {what} kernel unavailable" in caplog.text
     with pytest.raises(BackendError, match="did not build"):
         choose_kernels("native", *model_of(64))

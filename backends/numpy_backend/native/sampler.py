@@ -1,0 +1,48 @@
+"""ctypes binding of sampling.c: temperature and min-p draws over whole rows, for backends/sampling.py's
+RowSampler slot (rows with top-k or top-p stay with the NumPy sampler)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from backends.numpy_backend.native.arrays import c_array
+from backends.numpy_backend.native.build import SOURCE_DIR, build_library
+from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_ERRORS = {-1: "could not allocate its scratch memory", -2: "empty vocabulary"}
+
+
+class NativeSampler:
+    """One token per row by inverse CDF over exp((logit - max) / temperature), min-p filtered (sampling.c)."""
+
+    def __init__(self, tier: CpuTier | None = None, cache_dir: Path | None = None) -> None:
+        self.tier = tier or host_tier()
+        self.library_path = build_library(SOURCE_DIR / "sampling.c", self.tier, cache_dir)
+        self._fn = ctypes.CDLL(str(self.library_path)).sample_rows_f32
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [_P, _I64, _I64, _P, _P, _P, _P]
+
+    def __call__(self, logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray,
+                 uniforms: np.ndarray) -> np.ndarray:
+        """logits (rows, vocab); per row a temperature (> 0), a min_p in [0, 1] and a uniform in [0, 1) ->
+        (rows,) int64 token ids."""
+        rows, vocab = logits.shape
+        logits = c_array(logits, np.float32)
+        temperature, min_p = c_array(temperature, np.float32), c_array(min_p, np.float32)
+        uniforms = c_array(uniforms, np.float64)
+        if not (temperature.shape == min_p.shape == uniforms.shape == (rows,)):
+            raise ValueError("native sampler: one temperature, min_p and uniform per row")
+        if (temperature <= 0).any():
+            raise ValueError("native sampler: temperatures must be positive (greedy rows take the argmax)")
+        out = np.empty(rows, np.int64)
+        status = self._fn(logits.ctypes.data, rows, vocab, temperature.ctypes.data, min_p.ctypes.data,
+                          uniforms.ctypes.data, out.ctypes.data)
+        if status != 0:
+            error = MemoryError if status == -1 else ValueError
+            raise error(f"native sampler: {_ERRORS.get(status, f'status {status}')}")
+        return out
