@@ -25,14 +25,15 @@ class SampleResult:
 
 
 class RowSampler(Protocol):
-    """A backend's own kernel for the common random row: one token by inverse CDF over temperature-scaled,
-    min-p-filtered weights of the whole vocabulary (no top-k, no top-p), from the row's uniform."""
+    """A backend's own kernel for random rows: one token by inverse CDF over temperature-scaled weights of the
+    whole vocabulary, filtered by min-p, top-k (0: off) and top-p (1: off), from the row's uniform."""
 
-    def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any) -> Any: ...
+    def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any, top_k: Any,
+                 top_p: Any) -> Any: ...
 
 
 def sample(xp: Any, logits: Any, params: SamplingInputs, row_sampler: RowSampler | None = None) -> SampleResult:
-    """row_sampler: draws the random rows without top-k / top-p (the rest keep this module's sampler)."""
+    """row_sampler: draws the random rows in place of this module's sampler."""
     logits = apply_penalties(xp, logits.astype(xp.float32, copy=False), params)  # never writes to `logits`
     if params.allowed is not None:
         logits = apply_allowed(xp, logits, params.allowed)
@@ -143,10 +144,6 @@ class _RowParams:
     min_p: Any
     uniforms: Any
 
-    def subset(self, rows: Any) -> _RowParams:
-        return _RowParams(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.min_p[rows],
-                          self.uniforms[rows])
-
 
 def _rows(xp: Any, p: SamplingInputs, rows: Any) -> _RowParams:
     def pick(values: Any, dtype: Any) -> Any:
@@ -157,19 +154,9 @@ def _rows(xp: Any, p: SamplingInputs, rows: Any) -> _RowParams:
 
 
 def _sample_random(xp: Any, logits: Any, p: _RowParams, row_sampler: RowSampler | None) -> Any:
-    """The random rows' tokens: the row sampler's for rows without top-k / top-p, where there is one."""
     if row_sampler is None:
         return _sample_rows(xp, logits, p)
-    filtered = (p.top_k > 0) | (p.top_p < 1.0)
-    if not bool(filtered.any()):
-        return row_sampler(logits, p.temperature, p.min_p, p.uniforms)
-    out = xp.empty(logits.shape[0], dtype=xp.int64)
-    for rows, plain in ((xp.flatnonzero(filtered), False), (xp.flatnonzero(~filtered), True)):
-        if rows.size:
-            q = p.subset(rows)
-            out[rows] = (row_sampler(logits[rows], q.temperature, q.min_p, q.uniforms) if plain
-                         else _sample_rows(xp, logits[rows], q))
-    return out
+    return row_sampler(logits, p.temperature, p.min_p, p.uniforms, p.top_k, p.top_p)
 
 
 def _sample_rows(xp: Any, logits: Any, p: _RowParams) -> Any:

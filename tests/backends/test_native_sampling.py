@@ -1,6 +1,7 @@
 """The C sampler (sampling.c) on every CPU tier this host runs: its draws against an exact float64 inverse CDF
-written here, its frequencies against the probabilities, forbidden and filtered tokens never drawn, a row's token
-independent of its batch; and backends/sampling.sample handing it only the rows it serves."""
+written here (temperature, min-p, top-k, top-p), its frequencies against the probabilities, forbidden and filtered
+tokens never drawn, ties at a top-k cut, a row's token independent of its batch; and backends/sampling.sample
+handing it the random rows."""
 
 from __future__ import annotations
 
@@ -25,11 +26,19 @@ def sampler(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     return NativeSampler(tier=tier, cache_dir=tmp_path_factory.mktemp(f"kernels-{tier.name}"))
 
 
-def reference(logits: np.ndarray, temperature: float, min_p: float, u: float) -> tuple[int, float]:
-    """The exact draw in float64, and how far its target lies from the nearest boundary (share of the total)."""
+def reference(logits: np.ndarray, temperature: float, min_p: float, u: float, top_k: int = 0,
+              top_p: float = 1.0) -> tuple[int, float]:
+    """The exact draw in float64, and how far its target lies from the nearest boundary (share of the total).
+    Kept: min-p, then the first tokens in order of weight (ties by index) while rank < top_k and the weight ranked
+    before is under top_p of the total, the top one always; drawn in vocabulary order."""
     x = logits.astype(np.float64)
     w = np.exp((x - x.max()) / temperature)
     w = np.where(w >= min_p, w, 0.0)
+    order = np.lexsort((np.arange(w.size), -w))
+    ranked = w[order]
+    keep = ((np.cumsum(ranked) - ranked) < top_p * w.sum()) & ((top_k <= 0) | (np.arange(w.size) < top_k))
+    keep[0] = True
+    w[order[~keep]] = 0.0
     cdf = np.cumsum(w)
     target = u * cdf[-1]
     token = int(np.searchsorted(cdf, target, side="right"))
@@ -40,8 +49,12 @@ def random_rows(rng: np.random.Generator, rows: int, vocab: int, scale: float = 
     return (scale * rng.standard_normal((rows, vocab))).astype(np.float32)
 
 
+FILTERS = [(0, 1.0), (1, 1.0), (40, 1.0), (0, 0.9), (0, 0.3), (50, 0.95)]  # (top_k, top_p)
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: f"top_k={f[0]},top_p={f[1]}")
 @pytest.mark.parametrize("vocab", [1, 7, 512, 1003, 4099, 262_144])
-def test_draws_are_the_exact_inverse_cdf(sampler: NativeSampler, vocab: int) -> None:
+def test_draws_are_the_exact_inverse_cdf(sampler: NativeSampler, vocab: int, filters: tuple[int, float]) -> None:
     """Vocabularies under one block, one block exactly, and over several blocks with a ragged end."""
     rng = np.random.default_rng(vocab)
     rows = 4 if vocab > 100_000 else 64
@@ -49,29 +62,48 @@ def test_draws_are_the_exact_inverse_cdf(sampler: NativeSampler, vocab: int) -> 
     temperature = rng.uniform(0.3, 1.7, rows).astype(np.float32)
     min_p = np.where(np.arange(rows) % 2 == 0, 0.0, rng.uniform(0.0, 0.2, rows)).astype(np.float32)
     uniforms = rng.random(rows)
-    drawn = sampler(logits, temperature, min_p, uniforms)
+    top_k, top_p = np.full(rows, filters[0], np.int64), np.full(rows, filters[1], np.float32)
+    drawn = sampler(logits, temperature, min_p, uniforms, top_k, top_p)
     checked = 0
     for r in range(rows):
-        want, margin = reference(logits[r], float(temperature[r]), float(min_p[r]), float(uniforms[r]))
+        want, margin = reference(logits[r], float(temperature[r]), float(min_p[r]), float(uniforms[r]),
+                                 filters[0], float(top_p[r]))
         if margin > MARGIN:
             assert drawn[r] == want, (r, drawn[r], want)
             checked += 1
     assert checked >= rows - 1
 
 
-def test_frequencies_follow_the_probabilities(sampler: NativeSampler) -> None:
-    """Uniforms evenly spaced over [0, 1): each token is drawn its probability's share of them, to one draw,
-    and a token under min_p never."""
-    logits = np.log(np.array([0.05, 0.3, 0.002, 0.4, 0.15, 0.098], np.float64)).astype(np.float32)
+@pytest.mark.parametrize(("min_p", "top_k", "top_p"), [(0.0, 0, 1.0), (0.01, 0, 1.0), (0.3, 0, 1.0),
+                                                     (0.0, 3, 1.0), (0.0, 0, 0.8), (0.0, 0, 0.35)])
+def test_frequencies_follow_the_probabilities(sampler: NativeSampler, min_p: float, top_k: int,
+                                              top_p: float) -> None:
+    """Uniforms evenly spaced over [0, 1): each token is drawn its share of the kept probability to one draw,
+    and a filtered one never (top-k 3 and top-p 0.8 keep 0.4, 0.3, 0.15; top-p 0.35 keeps 0.4 alone)."""
+    p = np.array([0.05, 0.3, 0.002, 0.4, 0.15, 0.098], np.float64)
+    kept = {(0.0, 0, 1.0): p, (0.01, 0, 1.0): np.where(p >= 0.004, p, 0), (0.3, 0, 1.0): np.where(p >= 0.12, p, 0),
+            (0.0, 3, 1.0): np.where(p >= 0.15, p, 0), (0.0, 0, 0.8): np.where(p >= 0.15, p, 0),
+            (0.0, 0, 0.35): np.where(p >= 0.4, p, 0)}[(min_p, top_k, top_p)]
     draws = 6000
     uniforms = (np.arange(draws) + 0.5) / draws
-    rows = np.broadcast_to(logits, (draws, logits.size))
-    for min_p in (0.0, 0.01, 0.3):
-        counts = np.bincount(sampler(rows, np.ones(draws, np.float32), np.full(draws, min_p, np.float32), uniforms),
-                             minlength=logits.size)
-        p = np.exp(logits.astype(np.float64))
-        p = np.where(p >= min_p * p.max(), p, 0.0)
-        assert np.abs(counts - draws * p / p.sum()).max() <= 1.0, (min_p, counts)
+    rows = np.broadcast_to(np.log(p).astype(np.float32), (draws, p.size))
+    counts = np.bincount(sampler(rows, np.ones(draws, np.float32), np.full(draws, min_p, np.float32), uniforms,
+                                 np.full(draws, top_k, np.int64), np.full(draws, top_p, np.float32)),
+                         minlength=p.size)
+    assert np.abs(counts - draws * kept / kept.sum()).max() <= 1.0, counts
+
+
+def test_ties_at_the_cut_keep_the_first_indices(sampler: NativeSampler) -> None:
+    """Equal logits ranked by index: top-k 3 of ten equal tokens keeps tokens 0-2, a third each; a top-p too
+    small for one token keeps the top one."""
+    draws = 300
+    uniforms = (np.arange(draws) + 0.5) / draws
+    ones = np.ones(draws, np.float32)
+    equal = np.zeros((draws, 10), np.float32)
+    drawn = sampler(equal, ones, 0 * ones, uniforms, np.full(draws, 3, np.int64))
+    assert np.bincount(drawn, minlength=10).tolist() == [100, 100, 100, 0, 0, 0, 0, 0, 0, 0]
+    peaked = np.tile(np.array([0.0, 2.0, 1.0, 2.0], np.float32), (draws, 1))
+    assert set(sampler(peaked, ones, 0 * ones, uniforms, None, np.full(draws, 1e-6, np.float32))) == {1}
 
 
 def test_forbidden_tokens_are_never_drawn(sampler: NativeSampler) -> None:
@@ -107,25 +139,27 @@ def test_bad_arguments_are_refused(sampler: NativeSampler) -> None:
     logits = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="positive"):
         sampler(logits, np.array([1.0, 0.0], np.float32), np.zeros(2, np.float32), np.zeros(2))
+    with pytest.raises(ValueError, match="positive"):
+        sampler(logits, np.ones(2, np.float32), np.zeros(2, np.float32), np.zeros(2), None, np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="per row"):
         sampler(logits, np.ones(3, np.float32), np.zeros(2, np.float32), np.zeros(2))
 
 
 class Recording:
-    """A row sampler that records the rows it is handed and draws with the C sampler."""
+    """A row sampler that records what it is handed and draws with the C sampler."""
 
     def __init__(self, inner: NativeSampler) -> None:
         self.inner = inner
-        self.calls: list[tuple[Any, Any]] = []
+        self.calls: list[tuple[Any, ...]] = []
 
-    def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any) -> Any:
-        self.calls.append((logits, temperature))
-        return self.inner(logits, temperature, min_p, uniforms)
+    def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any, top_k: Any, top_p: Any) -> Any:
+        self.calls.append((logits, temperature, top_k, top_p))
+        return self.inner(logits, temperature, min_p, uniforms, top_k, top_p)
 
 
-def test_sample_hands_the_row_sampler_only_plain_random_rows(tmp_path: Path) -> None:
-    """Greedy rows keep the argmax, top-k / top-p rows NumPy's sampler (the same tokens as without a row sampler),
-    and the rest go to the row sampler, once, without a copy when every row is such a row."""
+def test_sample_hands_the_row_sampler_the_random_rows(tmp_path: Path) -> None:
+    """Greedy rows keep the argmax; the random ones, top-k and top-p rows among them, go to the row sampler in
+    one call, without a copy of the logits when every row is random."""
     rng = np.random.default_rng(5)
     n, vocab = 8, 3000
     logits = random_rows(rng, n, vocab)
@@ -135,17 +169,17 @@ def test_sample_hands_the_row_sampler_only_plain_random_rows(tmp_path: Path) -> 
                             min_p=np.array([0, 0.05, 0, 0, 0, 0, 0.1, 0], np.float32),
                             uniforms=rng.random(n).astype(np.float32))
     recording = Recording(NativeSampler(cache_dir=tmp_path))
-    with_kernel, without = sample(np, logits, params, recording), sample(np, logits, params)
+    ids = sample(np, logits, params, recording).token_ids
     assert len(recording.calls) == 1
-    handed, temperatures = recording.calls[0]
-    assert np.array_equal(handed, logits[[1, 4, 6, 7]])
-    assert temperatures.tolist() == pytest.approx([0.7, 0.9, 1.1, 0.8])
-    ids, want = with_kernel.token_ids, without.token_ids
+    handed, temperatures, top_k, top_p = recording.calls[0]
+    random = [1, 2, 3, 4, 6, 7]
+    assert np.array_equal(handed, logits[random]) and top_k.tolist() == [0, 40, 0, 0, 0, 0]
+    assert temperatures.tolist() == pytest.approx([0.7, 1, 1.2, 0.9, 1.1, 0.8])
+    assert top_p.tolist() == pytest.approx([1, 1, 0.9, 1, 1, 1])
     assert ids[[0, 5]].tolist() == logits[[0, 5]].argmax(axis=-1).tolist()
-    assert ids[[2, 3]].tolist() == want[[2, 3]].tolist()
-    for r in (1, 4, 6, 7):
+    for r in random:
         token, margin = reference(logits[r], float(params.temperature[r]), float(params.min_p[r]),
-                                  float(params.uniforms[r]))
+                                  float(params.uniforms[r]), int(params.top_k[r]), float(params.top_p[r]))
         assert margin <= MARGIN or ids[r] == token
     plain = SamplingInputs(np.ones(n, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32),
                            np.zeros(n, np.float32), rng.random(n).astype(np.float32))

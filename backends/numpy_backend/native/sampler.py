@@ -1,5 +1,5 @@
-"""ctypes binding of sampling.c: temperature and min-p draws over whole rows, for backends/sampling.py's
-RowSampler slot (rows with top-k or top-p stay with the NumPy sampler)."""
+"""ctypes binding of sampling.c: temperature, min-p, top-k and top-p draws over whole rows, for
+backends/sampling.py's RowSampler slot."""
 
 from __future__ import annotations
 
@@ -18,30 +18,33 @@ _ERRORS = {-1: "could not allocate its scratch memory", -2: "empty vocabulary"}
 
 
 class NativeSampler:
-    """One token per row by inverse CDF over exp((logit - max) / temperature), min-p filtered (sampling.c)."""
+    """One token per row by inverse CDF over exp((logit - max) / temperature), min-p, top-k and top-p
+    filtered (sampling.c)."""
 
     def __init__(self, tier: CpuTier | None = None, cache_dir: Path | None = None) -> None:
         self.tier = tier or host_tier()
         self.library_path = build_library(SOURCE_DIR / "sampling.c", self.tier, cache_dir)
         self._fn = ctypes.CDLL(str(self.library_path)).sample_rows_f32
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [_P, _I64, _I64, _P, _P, _P, _P]
+        self._fn.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _P, _P]
 
-    def __call__(self, logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray,
-                 uniforms: np.ndarray) -> np.ndarray:
-        """logits (rows, vocab); per row a temperature (> 0), a min_p in [0, 1] and a uniform in [0, 1) ->
-        (rows,) int64 token ids."""
+    def __call__(self, logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, uniforms: np.ndarray,
+                 top_k: np.ndarray | None = None, top_p: np.ndarray | None = None) -> np.ndarray:
+        """logits (rows, vocab); per row a temperature (> 0), a min_p in [0, 1], a uniform in [0, 1), and
+        optionally a top_k (0: off) and a top_p in (0, 1] (1: off) -> (rows,) int64 token ids."""
         rows, vocab = logits.shape
+        top_k = np.zeros(rows, np.int64) if top_k is None else top_k
+        top_p = np.ones(rows, np.float32) if top_p is None else top_p
         logits = c_array(logits, np.float32)
-        temperature, min_p = c_array(temperature, np.float32), c_array(min_p, np.float32)
-        uniforms = c_array(uniforms, np.float64)
-        if not (temperature.shape == min_p.shape == uniforms.shape == (rows,)):
-            raise ValueError("native sampler: one temperature, min_p and uniform per row")
-        if (temperature <= 0).any():
-            raise ValueError("native sampler: temperatures must be positive (greedy rows take the argmax)")
+        temperature, min_p, top_p = (c_array(a, np.float32) for a in (temperature, min_p, top_p))
+        top_k, uniforms = c_array(top_k, np.int64), c_array(uniforms, np.float64)
+        if not all(a.shape == (rows,) for a in (temperature, min_p, uniforms, top_k, top_p)):
+            raise ValueError("native sampler: one temperature, min_p, uniform, top_k and top_p per row")
+        if (temperature <= 0).any() or (top_p <= 0).any():
+            raise ValueError("native sampler: temperatures and top_p must be positive (greedy rows take the argmax)")
         out = np.empty(rows, np.int64)
         status = self._fn(logits.ctypes.data, rows, vocab, temperature.ctypes.data, min_p.ctypes.data,
-                          uniforms.ctypes.data, out.ctypes.data)
+                          top_k.ctypes.data, top_p.ctypes.data, uniforms.ctypes.data, out.ctypes.data)
         if status != 0:
             error = MemoryError if status == -1 else ValueError
             raise error(f"native sampler: {_ERRORS.get(status, f'status {status}')}")
