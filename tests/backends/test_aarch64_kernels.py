@@ -2,7 +2,8 @@
 paths; neon: armv8.2-a with the dot product extension and float16), run under qemu-user (aarch64/cross.py)
 against the x86 kernel tests' cases, NumPy references and bounds: the projections on every weight type, exact and
 fast, the dequantization (with every float16 scale of each quantized type), decode and prefill-chunk attention
-over float32 and float16 caches, and half.h's conversions. Each family of cases runs in one start of the emulator.
+over float32 and float16 caches, half.h's conversions, and the sampler's draws. Each family of cases runs in one
+start of the emulator.
 
 The emulator does about 10^8 multiply-adds a second, so the projections' large shapes run up to 5 rows of x
 (tiles of 1-2 rows, a register block and a partial one), the small ones up to 64 as on x86 (every path: several
@@ -29,6 +30,7 @@ from backends.numpy_backend.native.matmul import MAX_ROWS, NativeMatmul, q8_boun
 from backends.numpy_backend.native.weights import EIGHT_LANES_ONLY
 from tests.backends import test_native_fast as fast_cases
 from tests.backends import test_native_quant as quant_cases
+from tests.backends import test_native_sampling as sampling_cases
 from tests.backends.aarch64 import cross
 from tests.backends.aarch64.cross import (
     ARM_TIERS,
@@ -648,5 +650,52 @@ def test_conversions_are_numpys_bit_for_bit(half_runs: Calls, tier: str) -> None
     np.testing.assert_array_equal(half_runs[tier, "widen"].result(), expected.astype(np.float32))
 
 
+# --- the sampler (test_native_sampling) ---------------------------------------------------------------------------
+
+SAMPLING_VOCABS = (7, 1003, 4099)
+SAMPLING_ROWS = 24
+
+
+@cache
+def sampling_case(vocab: int, top_k: int, top_p: float) -> tuple[np.ndarray, ...]:
+    """Random rows, temperatures, min_p on every other row, the filters, uniforms."""
+    rng = np.random.default_rng(vocab + top_k)
+    rows = SAMPLING_ROWS
+    logits = sampling_cases.random_rows(rng, rows, vocab)
+    temperature = rng.uniform(0.3, 1.7, rows).astype(np.float32)
+    min_p = np.where(np.arange(rows) % 2 == 0, 0.0, rng.uniform(0.0, 0.2, rows)).astype(np.float32)
+    return (logits, temperature, min_p, np.full(rows, top_k, np.int64), np.full(rows, top_p, np.float32),
+            rng.random(rows))
+
+
+def sampling_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
+    for tier, vocab, (top_k, top_p) in product(TIERS, SAMPLING_VOCABS, sampling_cases.FILTERS):
+        yield (tier, vocab, top_k, top_p), batch.sample(kernels.builds[tier], *sampling_case(vocab, top_k, top_p))
+
+
+@pytest.fixture(scope="module")
+def sampling_runs(aarch64_runs: dict[str, Calls]) -> Calls:
+    return aarch64_runs["sampling"]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("vocab", SAMPLING_VOCABS)
+@pytest.mark.parametrize("filters", sampling_cases.FILTERS, ids=lambda f: f"top_k={f[0]},top_p={f[1]}")
+def test_draws_are_the_exact_inverse_cdf(sampling_runs: Calls, tier: str, vocab: int,
+                                         filters: tuple[int, float]) -> None:
+    """The x86 sampler tests' float64 reference: the same token wherever the target is not at a boundary."""
+    logits, temperature, min_p, _, top_p, uniforms = sampling_case(vocab, *filters)
+    drawn = sampling_runs[tier, vocab, *filters].result()
+    checked = 0
+    for r in range(SAMPLING_ROWS):
+        want, margin = sampling_cases.reference(logits[r], float(temperature[r]), float(min_p[r]),
+                                                float(uniforms[r]), filters[0], float(top_p[r]))
+        if margin > sampling_cases.MARGIN:
+            assert drawn[r] == want, (r, drawn[r], want)
+            checked += 1
+    assert checked >= SAMPLING_ROWS - 1
+
+
 BATCHES: dict[str, Make] = {"probes": probe_calls, "float32": float32_calls, "stored": stored_calls, "fast": fast_calls,
-                            "cross": cross_calls, "attention": attention_calls, "half": half_calls}
+                            "cross": cross_calls, "attention": attention_calls, "half": half_calls,
+                            "sampling": sampling_calls}

@@ -32,7 +32,7 @@ CHECKS = "the AArch64 kernel tests (`make cross-tools` installs their compiler a
 DRIVER = Path(__file__).parent / "driver.c"
 HALF_CHECK = Path(__file__).parent.parent / "half_check.c"  # half.h's conversions, exported
 LIBRARIES = {"matmul": SOURCE_DIR / "matmul_rows.c", "attention": SOURCE_DIR / "paged_attention.c",
-             "half": HALF_CHECK}  # each tier's
+             "half": HALF_CHECK, "sampling": SOURCE_DIR / "sampling.c"}  # each tier's
 ARM_TIERS: dict[str, CpuTier] = {tier.name: tier for tier in TIERS if tier.machine == ARM}  # cpu_tiers.py's
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 OUT = object()  # in a call's words: its output file
@@ -61,13 +61,15 @@ def find_tools() -> Tools | None:
 
 @dataclass(frozen=True)
 class Build:
-    """One tier's libraries: the projections (matmul_rows.c), attention (paged_attention.c) and half.h's
-    conversions (half_check.c), built with the kernels' flags and the tier's target in place of -march=native."""
+    """One tier's libraries: the projections (matmul_rows.c), attention (paged_attention.c), half.h's
+    conversions (half_check.c) and the sampler (sampling.c), built with the kernels' flags and the tier's target
+    in place of -march=native."""
 
     tier: str
     matmul: Path
     attention: Path
     half: Path
+    sampling: Path
 
 
 def start_compile(cc: str, flags: tuple[str, ...], sources: list[Path], target: Path) -> subprocess.Popen[str]:
@@ -211,6 +213,15 @@ class Batch:
                             float(np.float32(dim**-0.5)).hex(), parallel_min_pairs, int(k.dtype == np.float16),
                             window],
                            q.shape, np.float32)
+
+    def sample(self, build: Build, logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray,
+               top_k: np.ndarray, top_p: np.ndarray, uniforms: np.ndarray) -> Call:
+        """sample_rows_f32, as sampler.NativeSampler calls it: one token id per row."""
+        rows, vocab = logits.shape
+        arrays: list[np.ndarray] = [logits.astype(np.float32), temperature.astype(np.float32),
+                                    min_p.astype(np.float32), top_k.astype(np.int64), top_p.astype(np.float32),
+                                    uniforms.astype(np.float64)]
+        return self._queue(["sample", build.sampling, *map(self._file, arrays), OUT, rows, vocab], (rows,), np.int64)
 
     def round_to_half(self, build: Build, x: np.ndarray) -> Call:
         return self._queue(["round_to_half", build.half, self._file(x.astype(np.float32)), OUT, len(x)], x.shape,

@@ -69,6 +69,8 @@ typedef int (*Decode)(const float *, const void *, const void *, const int32_t *
                       int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t, int64_t, int64_t);
 typedef int (*Chunk)(const float *, const void *, const void *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
                      float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t);
+typedef int (*Sample)(const float *, int64_t, int64_t, const float *, const float *, const int64_t *, const float *,
+                      const double *, int64_t *);
 typedef int (*Flag)(void);
 typedef void (*Convert)(const void *, int64_t, void *);
 
@@ -125,6 +127,20 @@ static int call_chunk(char **a) {
     return status;
 }
 
+/* sample LIB LOGITS TEMPERATURE MIN_P TOP_K TOP_P UNIFORMS OUT rows vocab: out (rows,) int64 token ids
+ * (sample_rows_f32). */
+static int call_sample(char **a) {
+    const int64_t rows = number(a[9]), vocab = number(a[10]);
+    float *logits = read_file(a[2]), *temperature = read_file(a[3]), *min_p = read_file(a[4]), *top_p = read_file(a[6]);
+    int64_t *top_k = read_file(a[5]), *out = malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
+    double *uniforms = read_file(a[7]);
+    const int status = ((Sample)symbol(a[1], "sample_rows_f32"))(logits, rows, vocab, temperature, min_p, top_k, top_p,
+                                                                 uniforms, out);
+    write_file(a[8], out, (int64_t)sizeof(int64_t) * rows);
+    free(logits), free(temperature), free(min_p), free(top_p), free(top_k), free(uniforms), free(out);
+    return status;
+}
+
 /* probe LIB OUT: what the build runs, as int32s: fast_small_steps, fast_uses_tiles, quant_sums_wide,
  * built_with_openmp. */
 static int call_probe(char **a) {
@@ -151,7 +167,7 @@ static int call(char **a, int words) {
         const char *name;
         int words;
     } calls[] = {{"matmul", 11}, {"dequantize", 8}, {"decode", 19}, {"chunk", 19}, {"probe", 3},
-                 {"round_to_half", 5}, {"widen_half", 5}};
+                 {"round_to_half", 5}, {"widen_half", 5}, {"sample", 11}};
     int i = 0;
     for (; i < (int)(sizeof calls / sizeof calls[0]); i++)
         if (strcmp(a[0], calls[i].name) == 0) break;
@@ -163,7 +179,8 @@ static int call(char **a, int words) {
     case 3: return call_chunk(a);
     case 4: return call_probe(a);
     case 5: return call_convert(a, "round_to_half", 2);
-    default: return call_convert(a, "widen_half", 4);
+    case 6: return call_convert(a, "widen_half", 4);
+    default: return call_sample(a);
     }
 }
 
