@@ -25,19 +25,23 @@ class SampleResult:
 
 
 class RowSampler(Protocol):
-    """A backend's own kernel for random rows: one token by inverse CDF over temperature-scaled weights of the
-    whole vocabulary, filtered by min-p, top-k (0: off) and top-p (1: off), from the row's uniform."""
+    """A backend's own kernels for random rows and for logprobs. Called, it draws one token a row by inverse CDF
+    over temperature-scaled weights of the whole vocabulary, filtered by min-p, top-k (0: off) and top-p (1: off),
+    from the row's uniform; `logprobs` gives the rows' log-softmax at their tokens and their k most likely."""
 
     def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any, top_k: Any,
                  top_p: Any) -> Any: ...
 
+    def logprobs(self, logits: Any, tokens: Any, k: int) -> tuple[Any, Any | None, Any | None]: ...
+
 
 def sample(xp: Any, logits: Any, params: SamplingInputs, row_sampler: RowSampler | None = None) -> SampleResult:
-    """row_sampler: draws the random rows in place of this module's sampler."""
+    """row_sampler: draws the random rows and gives the logprobs in place of this module's sampler."""
     logits = apply_penalties(xp, logits.astype(xp.float32, copy=False), params)  # never writes to `logits`
     if params.allowed is not None:
         logits = apply_allowed(xp, logits, params.allowed)
-    logprobs = log_softmax(xp, logits) if params.want_logprobs or params.num_top_logprobs else None
+    want_logprobs = params.want_logprobs or params.num_top_logprobs > 0
+    logprobs = log_softmax(xp, logits) if want_logprobs and row_sampler is None else None
     temperature = xp.asarray(params.temperature, dtype=xp.float32)
     random_rows = xp.flatnonzero(temperature >= GREEDY_BELOW)
     every_row_random = random_rows.size == logits.shape[0]  # then no argmax pass over the vocabulary
@@ -45,8 +49,10 @@ def sample(xp: Any, logits: Any, params: SamplingInputs, row_sampler: RowSampler
     if random_rows.size:  # every row random: the logits as they are, not a gathered copy of them
         rows_logits = logits if every_row_random else logits[random_rows]
         token_ids[random_rows] = _sample_random(xp, rows_logits, _rows(xp, params, random_rows), row_sampler)
-    if logprobs is None:
+    if not want_logprobs:
         return SampleResult(token_ids, None, None, None)
+    if row_sampler is not None:  # its logprobs: no log-softmax of the rows' size
+        return SampleResult(token_ids, *row_sampler.logprobs(logits, token_ids, params.num_top_logprobs))
     chosen = xp.take_along_axis(logprobs, token_ids[:, None], axis=-1)[:, 0]
     top_ids, top_values = top_logprobs(xp, logprobs, params.num_top_logprobs)
     return SampleResult(token_ids, chosen, top_ids, top_values)
@@ -210,7 +216,9 @@ def _inverse_cdf(xp: Any, weights: Any, uniforms: Any) -> Any:
     at most the target (a binary search per row on NumPy, where comparing and counting the whole vocabulary
     cost two more passes over it; cupy has no row-wise search, and counts)."""
     cdf = xp.cumsum(weights.astype(xp.float64), axis=-1)
-    targets = uniforms * cdf[:, -1]
+    # under the total, always: a float32 uniform can round up to 1, and the count would then run past the
+    # last token of weight onto the filtered or forbidden ones after it
+    targets = xp.minimum(uniforms * cdf[:, -1], xp.nextafter(cdf[:, -1], 0.0))
     if xp.__name__ == "numpy":
         index = xp.array([xp.searchsorted(row, target, side="right") for row, target in zip(cdf, targets, strict=True)],
                          dtype=xp.int64).reshape(len(cdf))

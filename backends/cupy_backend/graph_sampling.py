@@ -44,5 +44,6 @@ def inverse_cdf(xp: Any, weights: Any, uniforms: Any) -> Any:
     """Per row, the first index whose cumulative weight exceeds uniform * total, counted (how many cumulative
     weights are at most the target): the eager sampler's binary search, without a host loop over rows."""
     cdf = xp.cumsum(weights.astype(xp.float64), axis=-1)
-    index = (cdf <= (uniforms * cdf[:, -1])[:, None]).sum(axis=-1)
+    target = xp.minimum(uniforms * cdf[:, -1], xp.nextafter(cdf[:, -1], 0.0))  # under the total, as the eager one
+    index = (cdf <= target[:, None]).sum(axis=-1)
     return xp.minimum(index, weights.shape[-1] - 1).astype(xp.int64)

@@ -31,7 +31,7 @@ class CpuKernels:
     project: Projection  # x @ w.T
     fused_step: NativeFusedStep | None = None  # a small step in one call; None: layer by layer
     chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
-    row_sampler: RowSampler | None = None  # temperature / min-p rows; None: NumPy's sampler draws them
+    row_sampler: RowSampler | None = None  # the random rows' draws and the logprobs; None: NumPy's sampler
 
 
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact",

@@ -1,7 +1,7 @@
 """The C sampler (sampling.c) on every CPU tier this host runs: its draws against an exact float64 inverse CDF
 written here (temperature, min-p, top-k, top-p), its frequencies against the probabilities, forbidden and filtered
-tokens never drawn, ties at a top-k cut, a row's token independent of its batch; and backends/sampling.sample
-handing it the random rows."""
+tokens never drawn, ties at a top-k cut, a row's token independent of its batch; its logprobs against a float64
+log-softmax; and backends/sampling.sample handing it the random rows and the logprobs."""
 
 from __future__ import annotations
 
@@ -106,6 +106,58 @@ def test_ties_at_the_cut_keep_the_first_indices(sampler: NativeSampler) -> None:
     assert set(sampler(peaked, ones, 0 * ones, uniforms, None, np.full(draws, 1e-6, np.float32))) == {1}
 
 
+@pytest.mark.parametrize(("probabilities", "top_p", "kept"), [([0.5, 0.5], 0.5, [0]),
+                                                              ([0.25, 0.25, 0.125, 0.125, 0.125, 0.125], 0.5, [0, 1])])
+def test_top_p_stops_where_the_mass_before_reaches_it(sampler: NativeSampler, probabilities: list[float],
+                                                      top_p: float, kept: list[int]) -> None:
+    """NumPy's rule at its boundary: a token is kept while the mass ranked before it is under top_p."""
+    draws = 400
+    logits = np.broadcast_to(np.log(np.array(probabilities, np.float32)), (draws, len(probabilities)))
+    ones = np.ones(draws, np.float32)
+    drawn = sampler(logits, ones, 0 * ones, (np.arange(draws) + 0.5) / draws, None, np.full(draws, top_p, np.float32))
+    assert sorted(set(drawn.tolist())) == kept
+
+
+@pytest.mark.parametrize(("vocab", "top_k"), [(1003, 600), (1003, 1001), (262_144, 3000)])
+def test_a_cut_among_equal_logits_keeps_the_first_indices(sampler: NativeSampler, vocab: int, top_k: int) -> None:
+    """Past the first block, into the ragged tail, and among more equal weights than a bucket sorts (the select
+    then goes down to the weights' last bits): tokens 0 .. top_k - 1, each drawn equally often."""
+    draws = 2 * top_k if vocab < 10_000 else 6
+    uniforms = (np.arange(draws) + 0.5) / draws
+    ones = np.ones(draws, np.float32)
+    logits = np.zeros((1, vocab), np.float32)
+    drawn = np.concatenate([sampler(logits, ones[:1], 0 * ones[:1], uniforms[i:i + 1], np.full(1, top_k))
+                            for i in range(draws)])
+    if vocab < 10_000:
+        assert np.bincount(drawn, minlength=vocab).tolist() == [2] * top_k + [0] * (vocab - top_k)
+    else:
+        assert drawn.tolist() == (uniforms * top_k).astype(np.int64).tolist()
+
+
+def test_flat_rows_are_drawn_as_the_reference(sampler: NativeSampler) -> None:
+    """Logits within a few hundredths of each other: most tokens in one bucket of the first digit."""
+    rng = np.random.default_rng(8)
+    logits = random_rows(rng, 2, 262_144, scale=0.02)
+    for top_k, top_p in ((50, 1.0), (0, 0.9)):
+        uniforms = rng.random(2)
+        drawn = sampler(logits, np.ones(2, np.float32), np.zeros(2, np.float32), uniforms, np.full(2, top_k),
+                        np.full(2, top_p, np.float32))
+        for r in range(2):
+            want, margin = reference(logits[r], 1.0, 0.0, float(uniforms[r]), top_k, top_p)
+            assert margin <= MARGIN or drawn[r] == want
+
+
+def test_edges_of_the_draw(sampler: NativeSampler) -> None:
+    """Two equal tokens at u = 0.5: the second (the first whose running sum passes the target); a +inf logit:
+    that token; a uniform of 1 (float32's rounding of one just under it): the last token of weight, not the
+    forbidden one after it."""
+    one = np.ones(1, np.float32)
+    assert sampler(np.zeros((1, 2), np.float32), one, 0 * one, np.array([0.5]))[0] == 1
+    with np.errstate(invalid="ignore"):
+        assert sampler(np.array([[0, 1, 5, np.inf, 2]], np.float32), one, 0 * one, np.array([0.3]))[0] == 3
+    assert sampler(np.array([[0, 1, 2, -np.inf]], np.float32), one, 0 * one, np.array([1.0]))[0] == 2
+
+
 def test_forbidden_tokens_are_never_drawn(sampler: NativeSampler) -> None:
     """-inf logits (a grammar's or a suppression's): not at a target of 0, not at the end, not in between."""
     rng = np.random.default_rng(3)
@@ -145,6 +197,50 @@ def test_bad_arguments_are_refused(sampler: NativeSampler) -> None:
         sampler(logits, np.ones(3, np.float32), np.zeros(2, np.float32), np.zeros(2))
 
 
+def reference_logprobs(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+@pytest.mark.parametrize("vocab", [20, 1003, 262_144])
+def test_logprobs_are_the_log_softmax(sampler: NativeSampler, vocab: int, k: int) -> None:
+    """The chosen tokens' and the k most likely tokens' log-probabilities, most likely first, within float32's
+    rounding of a float64 log-softmax; a -inf logit's is -inf and it is ranked last."""
+    rng = np.random.default_rng(vocab + k)
+    rows = 3 if vocab > 100_000 else 16
+    logits = random_rows(rng, rows, vocab)
+    logits[0, :4] = -np.inf
+    tokens = rng.integers(0, vocab, rows)
+    tokens[0] = 2
+    chosen, top_ids, top_values = sampler.logprobs(logits, tokens, k)
+    want = reference_logprobs(logits)
+    np.testing.assert_allclose(chosen[1:], want[np.arange(1, rows), tokens[1:]], rtol=1e-6, atol=2e-5)
+    assert chosen[0] == -np.inf
+    if k == 0:
+        assert top_ids is None and top_values is None
+        return
+    assert top_ids is not None and top_values is not None
+    order = np.lexsort((np.broadcast_to(np.arange(vocab), want.shape), -want), axis=-1)[:, :k]
+    assert top_ids.tolist() == order.tolist()
+    np.testing.assert_allclose(top_values, np.take_along_axis(want, order, axis=-1), rtol=1e-6, atol=2e-5)
+
+
+def test_top_logprobs_ties_go_by_index(sampler: NativeSampler) -> None:
+    logits = np.array([[1.0, 3.0, 3.0, 0.5, 3.0, -np.inf, 3.0]], np.float32)
+    _, ids, values = sampler.logprobs(logits, np.array([0]), 3)
+    assert ids is not None and values is not None
+    assert ids.tolist() == [[1, 2, 4]] and len(set(values[0].tolist())) == 1
+    _, ids, _ = sampler.logprobs(logits, np.array([0]), 7)
+    assert ids is not None and ids.tolist() == [[1, 2, 4, 6, 0, 3, 5]]
+    with pytest.raises(ValueError, match="top logprobs"):
+        sampler.logprobs(np.zeros((1, 100), np.float32), np.array([0]), 65)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        sampler.logprobs(logits, np.array([7]), 1)
+
+
 class Recording:
     """A row sampler that records what it is handed and draws with the C sampler."""
 
@@ -155,6 +251,10 @@ class Recording:
     def __call__(self, logits: Any, temperature: Any, min_p: Any, uniforms: Any, top_k: Any, top_p: Any) -> Any:
         self.calls.append((logits, temperature, top_k, top_p))
         return self.inner(logits, temperature, min_p, uniforms, top_k, top_p)
+
+    def logprobs(self, logits: Any, tokens: Any, k: int) -> tuple[Any, Any | None, Any | None]:
+        self.calls.append(("logprobs", logits, tokens, k))
+        return self.inner.logprobs(logits, tokens, k)
 
 
 def test_sample_hands_the_row_sampler_the_random_rows(tmp_path: Path) -> None:
@@ -185,3 +285,25 @@ def test_sample_hands_the_row_sampler_the_random_rows(tmp_path: Path) -> None:
                            np.zeros(n, np.float32), rng.random(n).astype(np.float32))
     sample(np, logits, plain, recording)
     assert recording.calls[1][0] is logits  # the whole batch in one call, not a gathered copy of it
+
+
+def test_sample_takes_the_logprobs_from_the_row_sampler(tmp_path: Path) -> None:
+    """Greedy and random rows asking for logprobs: the row sampler's, over the logits as sampled (a suppressed
+    token's is -inf), the values NumPy's sampler gives to float32 rounding."""
+    rng = np.random.default_rng(6)
+    n, vocab = 4, 3000
+    logits = random_rows(rng, n, vocab)
+    params = SamplingInputs(temperature=np.array([0, 0.8, 0, 1.0], np.float32), top_k=np.zeros(n, np.int32),
+                            top_p=np.ones(n, np.float32), min_p=np.zeros(n, np.float32),
+                            uniforms=rng.random(n).astype(np.float32), num_top_logprobs=3, want_logprobs=True,
+                            suppressed_token_ids=np.array([[5, -1]] * n))
+    recording = Recording(NativeSampler(cache_dir=tmp_path))
+    got, want = sample(np, logits, params, recording), sample(np, logits, params)
+    assert [call[0] for call in recording.calls if isinstance(call[0], str)] == ["logprobs"]
+    assert got.logprobs is not None and got.top_token_ids is not None and got.top_logprobs is not None
+    assert want.logprobs is not None and want.top_token_ids is not None and want.top_logprobs is not None
+    assert got.token_ids[[0, 2]].tolist() == want.token_ids[[0, 2]].tolist()
+    expected = reference_logprobs(np.where(np.arange(vocab) == 5, -np.inf, logits))
+    np.testing.assert_allclose(got.logprobs, expected[np.arange(n), got.token_ids], rtol=1e-6, atol=2e-5)
+    assert got.top_token_ids.tolist() == want.top_token_ids.tolist()
+    np.testing.assert_allclose(got.top_logprobs, want.top_logprobs, rtol=1e-5, atol=5e-5)

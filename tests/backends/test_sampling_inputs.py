@@ -28,3 +28,15 @@ def test_penalties_and_suppression_apply_without_writing_to_the_logits() -> None
 def test_without_penalties_the_greedy_token_is_the_argmax() -> None:
     logits = np.random.default_rng(0).standard_normal((2, 50)).astype(np.float32)
     assert sample(np, logits, params()).token_ids.tolist() == logits.argmax(axis=1).tolist()
+
+
+def test_a_uniform_of_one_draws_the_last_token_of_weight() -> None:
+    """A request's uniform is kept in float32, where one just under 1 rounds to 1: the draw is then the last
+    token of weight, never a suppressed or top-k-filtered one after it."""
+    logits = np.array([[0.0, 1.0, 2.0, 0.5], [0.0, 1.0, 2.0, 3.0]], np.float32)
+    one = np.ones(2, np.float32)
+    for top_k in (0, 2):
+        out = sample(np, logits, SamplingInputs(temperature=one, top_k=np.full(2, top_k, np.int32), top_p=one,
+                                                min_p=0 * one, uniforms=one,
+                                                suppressed_token_ids=np.array([[3], [-1]])))
+        assert out.token_ids.tolist() == ([2, 3] if top_k == 0 else [1, 2])

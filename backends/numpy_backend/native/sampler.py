@@ -1,5 +1,5 @@
-"""ctypes binding of sampling.c: temperature, min-p, top-k and top-p draws over whole rows, for
-backends/sampling.py's RowSampler slot."""
+"""ctypes binding of sampling.c: temperature, min-p, top-k and top-p draws over whole rows, and the rows'
+logprobs, for backends/sampling.py's RowSampler slot."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
-_ERRORS = {-1: "could not allocate its scratch memory", -2: "empty vocabulary"}
+_ERRORS = {-1: "could not allocate its scratch memory", -2: "empty vocabulary, or top logprobs out of range",
+           -3: "a token outside the vocabulary"}
+MAX_TOP = 64  # sampling.c's
 
 
 class NativeSampler:
@@ -27,6 +29,9 @@ class NativeSampler:
         self._fn = ctypes.CDLL(str(self.library_path)).sample_rows_f32
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [_P, _I64, _I64, _P, _P, _P, _P, _P, _P]
+        self._logprobs_fn = ctypes.CDLL(str(self.library_path)).row_logprobs_f32
+        self._logprobs_fn.restype = ctypes.c_int
+        self._logprobs_fn.argtypes = [_P, _I64, _I64, _P, _I64, _P, _P, _P]
 
     def __call__(self, logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, uniforms: np.ndarray,
                  top_k: np.ndarray | None = None, top_p: np.ndarray | None = None) -> np.ndarray:
@@ -45,7 +50,25 @@ class NativeSampler:
         out = np.empty(rows, np.int64)
         status = self._fn(logits.ctypes.data, rows, vocab, temperature.ctypes.data, min_p.ctypes.data,
                           top_k.ctypes.data, top_p.ctypes.data, uniforms.ctypes.data, out.ctypes.data)
-        if status != 0:
-            error = MemoryError if status == -1 else ValueError
-            raise error(f"native sampler: {_ERRORS.get(status, f'status {status}')}")
+        _check_status(status)
         return out
+
+    def logprobs(self, logits: np.ndarray, tokens: np.ndarray,
+                 k: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Each row's log-probability of its token (rows,), and with k > 0 its k most likely tokens (rows, k)
+        and their log-probabilities, most likely first (ties by index)."""
+        rows, vocab = logits.shape
+        logits, tokens = c_array(logits, np.float32), c_array(tokens, np.int64)
+        if tokens.shape != (rows,) or not 0 <= k <= min(MAX_TOP, vocab):
+            raise ValueError(f"native sampler: one token per row, and 0 to {min(MAX_TOP, vocab)} top logprobs")
+        chosen = np.empty(rows, np.float32)
+        top_ids, top_values = np.empty((rows, k), np.int64), np.empty((rows, k), np.float32)
+        _check_status(self._logprobs_fn(logits.ctypes.data, rows, vocab, tokens.ctypes.data, k, chosen.ctypes.data,
+                                        top_ids.ctypes.data, top_values.ctypes.data))
+        return chosen, top_ids if k else None, top_values if k else None
+
+
+def _check_status(status: int) -> None:
+    if status != 0:
+        error = MemoryError if status == -1 else ValueError
+        raise error(f"native sampler: {_ERRORS.get(status, f'status {status}')}")

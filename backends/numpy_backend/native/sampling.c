@@ -12,15 +12,21 @@
  *
  * Top-k and top-p keep the first R tokens in order of weight (ties by index): rank r is kept while r < k and the
  * weight ranked before it is under top_p of the total (the NumPy sampler's rule). The last kept token is the
- * row's cut; the draw then counts only tokens at or above it. It is found without sorting the row: a histogram
- * of the weights' top bits (count and mass per bucket) locates the bucket the cut falls in, and only that
- * bucket's tokens are sorted. The draw goes through the kept tokens in vocabulary order (NumPy's goes in order
+ * row's cut; the draw then counts only tokens at or above it. It is found without sorting the row: histograms
+ * of the weights' bits (count and mass per bucket), a digit at a time, narrow it to a bucket of at most SORT_MAX
+ * tokens, which are sorted, or of equal weights, which rank by index as they are collected. The draw goes through the kept tokens in vocabulary order (NumPy's goes in order
  * of weight): the same distribution, another token for a given uniform.
  *
- * Rows are shared out among the OpenMP threads; a row's token depends on its logits and its uniform only. */
+ * Rows are shared out among the OpenMP threads; a row's token depends on its logits and its uniform only.
+ *
+ * row_logprobs_f32 gives what a request for logprobs wants of a row, also without writing the row's size: the
+ * chosen token's log-probability (x - max) - log(sum(exp(x - max))), NumPy's log_softmax arithmetic, and the k
+ * most likely tokens (ties by index) with theirs, kept in a sorted list of k that a vector compare against its
+ * last entry lets most of the row skip. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "simd.h"
 #include "softmax.h"
@@ -34,8 +40,6 @@ typedef struct {
     int64_t cut_at;
 } RowScale;
 
-#define BUCKET_SHIFT 20 /* a weight's bucket: its bits' top 12 (exponent and 3 mantissa bits) */
-#define BUCKETS 4096
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -120,64 +124,108 @@ static int by_rank(const void *a, const void *b) {
     return p->at < q->at ? -1 : p->at > q->at;
 }
 
-static inline int32_t bucket_of(float w) {
+/* A weight's bits: positive floats order as their bits do. */
+static inline uint32_t key_of(float w) {
     uint32_t bits;
     __builtin_memcpy(&bits, &w, sizeof bits);
-    return (int32_t)(bits >> BUCKET_SHIFT);
+    return bits;
 }
 
-/* Every token of weight in `bucket`, sorted by rank; returns how many. */
-static int64_t bucket_tokens(const float *x, int64_t vocab, RowScale s, int32_t bucket, Ranked *out) {
+/* The select's digits of a key, most significant first: bits 20-31, 8-19, 0-7. A digit is looked into only
+ * when its bucket holds more than SORT_MAX tokens; the last digit's buckets hold equal weights only. */
+static const int DIGIT_SHIFT[3] = {20, 8, 0}, DIGIT_BITS[3] = {12, 12, 8};
+#define SORT_MAX 1024
+
+/* The tokens of weight whose key, shifted right by `shift`, is `prefix`, in rank order (sorted unless `sorted`
+ * already: equal weights, collected in index order); returns how many. */
+static int64_t bucket_tokens(const float *x, int64_t vocab, RowScale s, uint64_t prefix, int shift, int sort,
+                             Ranked *out) {
     float w[BLOCK] __attribute__((aligned(64)));
     int64_t count = 0;
     for (int64_t start = 0; start < vocab; start += BLOCK) {
         const int64_t n = min64(BLOCK, vocab - start);
         block_weights(x + start, n, s, start, w);
         for (int64_t i = 0; i < n; i++)
-            if (w[i] > 0.0f && bucket_of(w[i]) == bucket) out[count++] = (Ranked){w[i], start + i};
+            if (w[i] > 0.0f && key_of(w[i]) >> shift == prefix) out[count++] = (Ranked){w[i], start + i};
     }
-    qsort(out, (size_t)count, sizeof *out, by_rank);
+    if (sort) qsort(out, (size_t)count, sizeof *out, by_rank);
     return count;
 }
 
-/* The weights' count and mass per bucket (s without a cut). */
-static void histogram(const float *x, int64_t vocab, RowScale s, int64_t *count, double *mass) {
+/* Count and mass per value of digit `d` among the weights whose higher digits are `prefix` (s without a cut). */
+static void histogram(const float *x, int64_t vocab, RowScale s, uint64_t prefix, int d, int64_t *count,
+                      double *mass) {
     float w[BLOCK] __attribute__((aligned(64)));
+    const int high = DIGIT_SHIFT[d] + DIGIT_BITS[d];
+    const uint32_t digits = (1u << DIGIT_BITS[d]) - 1;
     for (int64_t start = 0; start < vocab; start += BLOCK) {
         const int64_t n = min64(BLOCK, vocab - start);
         block_weights(x + start, n, s, start, w);
         for (int64_t i = 0; i < n; i++) {
-            if (w[i] <= 0.0f) continue;
-            count[bucket_of(w[i])]++;
-            mass[bucket_of(w[i])] += w[i];
+            const uint64_t key = key_of(w[i]);
+            if (w[i] <= 0.0f || key >> high != prefix) continue;
+            count[key >> DIGIT_SHIFT[d] & digits]++;
+            mass[key >> DIGIT_SHIFT[d] & digits] += w[i];
         }
     }
 }
 
-/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total`; 0 on success, -1 without memory. */
-static int find_cut(const float *x, int64_t vocab, RowScale *s, int64_t top_k, double top_p, double total) {
-    int64_t *count = calloc(BUCKETS, sizeof *count);
-    double *mass = calloc(BUCKETS, sizeof *mass);
-    int status = count && mass ? 0 : -1;
-    if (!status) histogram(x, vocab, *s, count, mass);
-    const double limit = top_p * total;
-    int64_t ranked = 0; /* tokens in the buckets above */
-    double before = 0.0;
-    int32_t b = BUCKETS - 1;
-    for (; !status && b >= 0; b--) {
-        if (count[b] && ((top_k > 0 && ranked + count[b] >= top_k) || before + mass[b] >= limit)) break;
-        ranked += count[b], before += mass[b];
+/* Where the cut falls among the tokens ranked from `*ranked` (and `*before` of mass) on: limits as find_cut's. */
+typedef struct {
+    int64_t top_k, ranked;
+    double limit, before;
+} CutWalk;
+
+static inline int passes_cut(const CutWalk *c, int64_t count, double mass) {
+    return (c->top_k > 0 && c->ranked + count >= c->top_k) || c->before + mass >= c->limit;
+}
+
+/* The highest digit value whose bucket the cut falls in, the buckets above added to c; -1: none (rounding left
+ * the cut past them all: the last bucket of weight then holds it). */
+static int32_t cut_digit(CutWalk *c, const int64_t *count, const double *mass, int32_t digits) {
+    int32_t last = -1;
+    for (int32_t b = digits - 1; b >= 0; b--) {
+        if (!count[b]) continue;
+        if (passes_cut(c, count[b], mass[b])) return b;
+        c->ranked += count[b], c->before += mass[b], last = b;
     }
-    if (!status && b >= 0) { /* the cut is in bucket b: walk its tokens in order of rank */
+    if (last >= 0) c->ranked -= count[last], c->before -= mass[last];
+    return last;
+}
+
+/* The cut among the rank-ordered tokens of its bucket: the last one kept (the row's top one always is). */
+static void walk_cut(CutWalk *c, const Ranked *tokens, int64_t n, RowScale *s) {
+    for (int64_t i = 0; i < n; i++, c->ranked++) {
+        if (c->ranked > 0 && ((c->top_k > 0 && c->ranked >= c->top_k) || c->before >= c->limit)) break;
+        s->cut_w = tokens[i].w, s->cut_at = tokens[i].at;
+        c->before += tokens[i].w;
+    }
+}
+
+/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total`: a radix select over the weights' bits,
+ * digit by digit, until the bucket holding the cut is small enough to sort (or holds equal weights). 0 on
+ * success, -1 without memory. */
+static int find_cut(const float *x, int64_t vocab, RowScale *s, int64_t top_k, double top_p, double total) {
+    int64_t *count = malloc(sizeof *count << 12);
+    double *mass = malloc(sizeof *mass << 12);
+    int status = count && mass ? 0 : -1;
+    CutWalk c = {top_k, 0, top_p * total, 0.0};
+    uint64_t prefix = 0;
+    for (int d = 0; !status && d < 3; d++) {
+        const int32_t digits = 1 << DIGIT_BITS[d];
+        memset(count, 0, sizeof *count * (size_t)digits);
+        memset(mass, 0, sizeof *mass * (size_t)digits);
+        histogram(x, vocab, *s, prefix, d, count, mass);
+        const int32_t b = cut_digit(&c, count, mass, digits);
+        if (b < 0) break; /* no cut: every token stays */
+        prefix = prefix << DIGIT_BITS[d] | (uint64_t)b;
+        if (count[b] > SORT_MAX && d < 2) continue;
         Ranked *tokens = malloc(sizeof *tokens * (size_t)count[b]);
         if (!tokens) status = -1;
-        const int64_t n = tokens ? bucket_tokens(x, vocab, *s, b, tokens) : 0;
-        for (int64_t i = 0; i < n; i++, ranked++) {
-            if (ranked > 0 && ((top_k > 0 && ranked >= top_k) || before >= limit)) break; /* the top one stays */
-            s->cut_w = tokens[i].w, s->cut_at = tokens[i].at;
-            before += tokens[i].w;
-        }
+        const int64_t n = tokens ? bucket_tokens(x, vocab, *s, prefix, DIGIT_SHIFT[d], d < 2, tokens) : 0;
+        walk_cut(&c, tokens, n, s);
         free(tokens);
+        break;
     }
     free(count);
     free(mass);
@@ -199,7 +247,7 @@ static int sample_row(const float *x, int64_t vocab, RowScale s, int64_t top_k, 
  * be had, -2 for a vocabulary under 1. */
 int sample_rows_f32(const float *logits, int64_t rows, int64_t vocab, const float *temperature, const float *min_p,
                     const int64_t *top_k, const float *top_p, const double *uniforms, int64_t *out) {
-    if (vocab < 1) return -2;
+    if (vocab < 1 || vocab > INT32_MAX) return -2; /* the vector compares count tokens in int32 */
     int status = 0;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -214,4 +262,68 @@ int sample_rows_f32(const float *logits, int64_t rows, int64_t vocab, const floa
         free(sums);
     }
     return status;
+}
+
+#define MAX_TOP 64 /* top logprobs a row may ask for (the API allows 20) */
+
+/* log(sum(exp(x - top))) over the row, -inf logits contributing 0; each block's sum added in double. */
+static float log_sum_exp(const float *x, int64_t vocab, float top) {
+    double total = 0.0;
+    for (int64_t start = 0; start < vocab; start += BLOCK) {
+        const int64_t n = min64(BLOCK, vocab - start);
+        vec8 sums = {0};
+        int64_t i = 0;
+        for (; i + LANES <= n; i += LANES) {
+            const vec8 arg = *(const vec8 *)(x + start + i) - top;
+            sums += (vec8)((vec8i)exp_nonpositive(arg) & (arg >= EXP_FLOOR));
+        }
+        float tail = 0.0f;
+        for (; i < n; i++) tail += x[start + i] - top >= EXP_FLOOR ? expf(x[start + i] - top) : 0.0f;
+        total += hsum(sums) + tail;
+    }
+    return (float)log(total);
+}
+
+/* Token `at` (logit v) into the first `*count` of the k best, sorted by logit and then index. */
+static void keep_best(Ranked *best, int64_t *count, int64_t k, float v, int64_t at) {
+    if (*count == k && !(v > best[k - 1].w)) return;
+    int64_t j = *count < k ? (*count)++ : k - 1;
+    for (; j > 0 && v > best[j - 1].w; j--) best[j] = best[j - 1];
+    best[j] = (Ranked){v, at};
+}
+
+#define SCAN 64 /* logits whose largest is compared with the k-th best before any of them is looked at */
+
+/* The k largest logits of the row (k <= MAX_TOP), sorted. */
+static int64_t top_logits(const float *x, int64_t vocab, int64_t k, Ranked *best) {
+    int64_t count = 0;
+    for (int64_t start = 0; start < vocab; start += SCAN) {
+        const int64_t n = min64(SCAN, vocab - start);
+        if (count == k && !(max_score(x + start, n) > best[k - 1].w)) continue;
+        for (int64_t i = 0; i < n; i++) keep_best(best, &count, k, x[start + i], start + i);
+    }
+    return count;
+}
+
+/* logits (rows, vocab); tokens: each row's chosen token; k top logprobs a row (0..MAX_TOP, at most vocab).
+ * Out: chosen (rows,) the tokens' log-probabilities; with k > 0, top_ids and top_values (rows, k). Returns 0, -2
+ * for a vocabulary under 1 or k out of range, -3 for a token outside the vocabulary. */
+int row_logprobs_f32(const float *logits, int64_t rows, int64_t vocab, const int64_t *tokens, int64_t k,
+                     float *chosen, int64_t *top_ids, float *top_values) {
+    if (vocab < 1 || k < 0 || k > MAX_TOP || k > vocab) return -2;
+    for (int64_t r = 0; r < rows; r++)
+        if (tokens[r] < 0 || tokens[r] >= vocab) return -3;
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * vocab;
+        const float top = max_score(x, vocab), lse = log_sum_exp(x, vocab, top);
+        chosen[r] = (x[tokens[r]] - top) - lse;
+        Ranked best[MAX_TOP];
+        const int64_t found = k ? top_logits(x, vocab, k, best) : 0;
+        for (int64_t j = 0; j < found; j++) {
+            top_ids[r * k + j] = best[j].at;
+            top_values[r * k + j] = (best[j].w - top) - lse;
+        }
+    }
+    return 0;
 }

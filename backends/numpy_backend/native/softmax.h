@@ -3,6 +3,7 @@
 #ifndef PAGEDSERVE_SOFTMAX_H
 #define PAGEDSERVE_SOFTMAX_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "simd.h"
@@ -27,14 +28,14 @@ static vec8 exp_nonpositive(vec8 x) {
 /* The largest of n finite scores, 8 lanes at a time: one by one, each compare waited on the last (a batch-64
  * step spent milliseconds there). The max of finite floats is exact in any order. */
 static float max_score(const float *scores, int64_t n) {
-    vec8 tops = scores[0] - (vec8){0}; /* broadcast; minus keeps the sign of a -0.0 */
+    vec8 tops = (vec8){0} - INFINITY; /* from -inf, not scores[0]: a NaN there would win (nothing compares above it) */
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES) {
         const vec8 v = *(const vec8 *)(scores + i);
         const vec8i above = v > tops; /* all ones where v is larger */
         tops = (vec8)(((vec8i)v & above) | ((vec8i)tops & ~above));
     }
-    float top = scores[0];
+    float top = -INFINITY;
     for (int j = 0; j < LANES; j++) top = tops[j] > top ? tops[j] : top;
     for (; i < n; i++) top = scores[i] > top ? scores[i] : top;
     return top;
