@@ -668,9 +668,16 @@ def sampling_case(vocab: int, top_k: int, top_p: float) -> tuple[np.ndarray, ...
             rng.random(rows))
 
 
+LOGPROBS_K = 5
+
+
 def sampling_calls(kernels: Kernels, batch: Batch) -> Iterable[tuple[Key, Call]]:
     for tier, vocab, (top_k, top_p) in product(TIERS, SAMPLING_VOCABS, sampling_cases.FILTERS):
         yield (tier, vocab, top_k, top_p), batch.sample(kernels.builds[tier], *sampling_case(vocab, top_k, top_p))
+    for tier, vocab in product(TIERS, SAMPLING_VOCABS):
+        logits = sampling_case(vocab, 0, 1.0)[0]
+        tokens = np.arange(SAMPLING_ROWS) % vocab
+        yield (tier, vocab, "logprobs"), batch.logprobs(kernels.builds[tier], logits, tokens, min(LOGPROBS_K, vocab))
 
 
 @pytest.fixture(scope="module")
@@ -694,6 +701,19 @@ def test_draws_are_the_exact_inverse_cdf(sampling_runs: Calls, tier: str, vocab:
             assert drawn[r] == want, (r, drawn[r], want)
             checked += 1
     assert checked >= SAMPLING_ROWS - 1
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("vocab", SAMPLING_VOCABS)
+def test_logprobs_are_the_log_softmax(sampling_runs: Calls, tier: str, vocab: int) -> None:
+    logits, k = sampling_case(vocab, 0, 1.0)[0], min(LOGPROBS_K, vocab)
+    chosen, ids, values = cross.split_logprobs(sampling_runs[tier, vocab, "logprobs"].result(), SAMPLING_ROWS, k)
+    want = sampling_cases.reference_logprobs(logits)
+    rows = np.arange(SAMPLING_ROWS)
+    np.testing.assert_allclose(chosen, want[rows, rows % vocab], rtol=1e-6, atol=2e-5)
+    order = np.argsort(-want, axis=-1, kind="stable")[:, :k]
+    assert ids.tolist() == order.tolist()
+    np.testing.assert_allclose(values, np.take_along_axis(want, order, axis=-1), rtol=1e-6, atol=2e-5)
 
 
 BATCHES: dict[str, Make] = {"probes": probe_calls, "float32": float32_calls, "stored": stored_calls, "fast": fast_calls,

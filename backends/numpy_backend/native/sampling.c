@@ -14,8 +14,9 @@
  * weight ranked before it is under top_p of the total (the NumPy sampler's rule). The last kept token is the
  * row's cut; the draw then counts only tokens at or above it. It is found without sorting the row: histograms
  * of the weights' bits (count and mass per bucket), a digit at a time, narrow it to a bucket of at most SORT_MAX
- * tokens, which are sorted, or of equal weights, which rank by index as they are collected. The draw goes through the kept tokens in vocabulary order (NumPy's goes in order
- * of weight): the same distribution, another token for a given uniform.
+ * tokens, which are sorted, or of equal weights, which rank by index as they are collected. The draw goes
+ * through the kept tokens in vocabulary order (NumPy's goes in order of weight): the same distribution, another
+ * token for a given uniform.
  *
  * Rows are shared out among the OpenMP threads; a row's token depends on its logits and its uniform only.
  *

@@ -223,6 +223,13 @@ class Batch:
                                     uniforms.astype(np.float64)]
         return self._queue(["sample", build.sampling, *map(self._file, arrays), OUT, rows, vocab], (rows,), np.int64)
 
+    def logprobs(self, build: Build, logits: np.ndarray, tokens: np.ndarray, k: int) -> Call:
+        """row_logprobs_f32: its three outputs in one file, as bytes (split_logprobs reads them)."""
+        rows, vocab = logits.shape
+        return self._queue(["logprobs", build.sampling, self._file(logits.astype(np.float32)),
+                            self._file(tokens.astype(np.int64)), OUT, rows, vocab, k], (rows * (4 + 12 * k),),
+                           np.uint8)
+
     def round_to_half(self, build: Build, x: np.ndarray) -> Call:
         return self._queue(["round_to_half", build.half, self._file(x.astype(np.float32)), OUT, len(x)], x.shape,
                            np.float16)
@@ -249,3 +256,10 @@ def weights_of(w: Matrix) -> tuple[np.ndarray, int, int]:
     if isinstance(w, QuantMatrix):
         return w.data, w.row_bytes, int(w.qtype)
     return np.ascontiguousarray(w, np.float32), 4 * w.shape[1], 0
+
+
+def split_logprobs(data: np.ndarray, rows: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A logprobs call's bytes: the chosen tokens' (rows,), the top ids and their values (rows, k)."""
+    chosen = data[:4 * rows].view(np.float32)
+    ids = data[4 * rows:4 * rows + 8 * rows * k].view(np.int64).reshape(rows, k)
+    return chosen, ids, data[4 * rows + 8 * rows * k:].view(np.float32).reshape(rows, k)

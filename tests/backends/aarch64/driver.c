@@ -71,6 +71,7 @@ typedef int (*Chunk)(const float *, const void *, const void *, const int32_t *,
                      float *, int64_t, int64_t, int64_t, int64_t, float, int64_t, int64_t, int64_t);
 typedef int (*Sample)(const float *, int64_t, int64_t, const float *, const float *, const int64_t *, const float *,
                       const double *, int64_t *);
+typedef int (*Logprobs)(const float *, int64_t, int64_t, const int64_t *, int64_t, float *, int64_t *, float *);
 typedef int (*Flag)(void);
 typedef void (*Convert)(const void *, int64_t, void *);
 
@@ -141,6 +142,23 @@ static int call_sample(char **a) {
     return status;
 }
 
+/* logprobs LIB LOGITS TOKENS OUT rows vocab k: out holds chosen (rows,) float32, then top_ids (rows, k) int64,
+ * then top_values (rows, k) float32 (row_logprobs_f32). */
+static int call_logprobs(char **a) {
+    const int64_t rows = number(a[5]), vocab = number(a[6]), k = number(a[7]);
+    float *logits = read_file(a[2]);
+    int64_t *tokens = read_file(a[3]);
+    const size_t bytes = (size_t)(rows * (4 + 12 * k));
+    char *out = malloc(bytes > 0 ? bytes : 1);
+    float *chosen = (float *)out, *values = (float *)(out + rows * (4 + 8 * k));
+    int64_t *ids = (int64_t *)(out + rows * 4);
+    const Logprobs logprobs = (Logprobs)symbol(a[1], "row_logprobs_f32");
+    const int status = logprobs(logits, rows, vocab, tokens, k, chosen, ids, values);
+    write_file(a[4], out, (int64_t)bytes);
+    free(logits), free(tokens), free(out);
+    return status;
+}
+
 /* probe LIB OUT: what the build runs, as int32s: fast_small_steps, fast_uses_tiles, quant_sums_wide,
  * built_with_openmp. */
 static int call_probe(char **a) {
@@ -167,7 +185,7 @@ static int call(char **a, int words) {
         const char *name;
         int words;
     } calls[] = {{"matmul", 11}, {"dequantize", 8}, {"decode", 19}, {"chunk", 19}, {"probe", 3},
-                 {"round_to_half", 5}, {"widen_half", 5}, {"sample", 11}};
+                 {"round_to_half", 5}, {"widen_half", 5}, {"sample", 11}, {"logprobs", 8}};
     int i = 0;
     for (; i < (int)(sizeof calls / sizeof calls[0]); i++)
         if (strcmp(a[0], calls[i].name) == 0) break;
@@ -180,7 +198,8 @@ static int call(char **a, int words) {
     case 4: return call_probe(a);
     case 5: return call_convert(a, "round_to_half", 2);
     case 6: return call_convert(a, "widen_half", 4);
-    default: return call_sample(a);
+    case 7: return call_sample(a);
+    default: return call_logprobs(a);
     }
 }
 
