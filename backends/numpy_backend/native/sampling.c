@@ -12,9 +12,11 @@
  *
  * Top-k and top-p keep the first R tokens in order of weight (ties by index): rank r is kept while r < k and the
  * weight ranked before it is under top_p of the total (the NumPy sampler's rule). The last kept token is the
- * row's cut; the draw then counts only tokens at or above it. It is found without sorting the row: histograms
- * of the weights' bits (count and mass per bucket), a digit at a time, narrow it to a bucket of at most SORT_MAX
- * tokens, which are sorted, or of equal weights, which rank by index as they are collected. The draw goes
+ * row's cut; the draw then counts only tokens at or above it. It is found without sorting the row: a top-k of
+ * at most MAX_TOP from the k largest logits (a sorted list of k that a compare of each block's largest lets
+ * most of the row skip); otherwise histograms of the weights' bits (count and mass per bucket), a digit at a
+ * time, narrow it to a bucket of at most SORT_MAX tokens, which are sorted, or of equal weights, which rank by
+ * index as they are collected. The draw goes
  * through the kept tokens in vocabulary order (NumPy's goes in order of weight): the same distribution, another
  * token for a given uniform.
  *
@@ -22,8 +24,7 @@
  *
  * row_logprobs_f32 gives what a request for logprobs wants of a row, also without writing the row's size: the
  * chosen token's log-probability (x - max) - log(sum(exp(x - max))), NumPy's log_softmax arithmetic, and the k
- * most likely tokens (ties by index) with theirs, kept in a sorted list of k that a vector compare against its
- * last entry lets most of the row skip. */
+ * most likely tokens (ties by index) with theirs, found as top-k's are. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -203,14 +204,58 @@ static void walk_cut(CutWalk *c, const Ranked *tokens, int64_t n, RowScale *s) {
     }
 }
 
-/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total`: a radix select over the weights' bits,
- * digit by digit, until the bucket holding the cut is small enough to sort (or holds equal weights). 0 on
- * success, -1 without memory. */
+#define MAX_TOP 64 /* top logprobs a row may ask for (the API allows 20), and top-k found directly */
+
+/* Token `at` (logit v) into the first `*count` of the k best, sorted by logit and then index. */
+static void keep_best(Ranked *best, int64_t *count, int64_t k, float v, int64_t at) {
+    if (*count == k && !(v > best[k - 1].w)) return;
+    int64_t j = *count < k ? (*count)++ : k - 1;
+    for (; j > 0 && v > best[j - 1].w; j--) best[j] = best[j - 1];
+    best[j] = (Ranked){v, at};
+}
+
+#define SCAN 64 /* logits whose largest is compared with the k-th best before any of them is looked at */
+
+/* The k largest logits of the row (k <= MAX_TOP), sorted. */
+static int64_t top_logits(const float *x, int64_t vocab, int64_t k, Ranked *best) {
+    int64_t count = 0;
+    for (int64_t start = 0; start < vocab; start += SCAN) {
+        const int64_t n = min64(SCAN, vocab - start);
+        if (count == k && !(max_score(x + start, n) > best[k - 1].w)) continue;
+        for (int64_t i = 0; i < n; i++) keep_best(best, &count, k, x[start + i], start + i);
+    }
+    return count;
+}
+
+/* The weight of token `at` as block_weights computes it (its block's vector or tail arithmetic), s uncut. */
+static float weight_at(const float *x, int64_t vocab, RowScale s, int64_t at) {
+    float w[BLOCK] __attribute__((aligned(64)));
+    const int64_t start = at / BLOCK * BLOCK;
+    block_weights(x + start, min64(BLOCK, vocab - start), s, start, w);
+    return w[at - start];
+}
+
+/* The cut of a top-k of at most MAX_TOP: the k largest logits found directly (most of the row skipped by a
+ * compare of its blocks' largest), their weights, and top_p walked over them; no histogram. */
+static void find_top_k_cut(const float *x, int64_t vocab, RowScale *s, CutWalk *c) {
+    Ranked best[MAX_TOP];
+    const int64_t n = top_logits(x, vocab, c->top_k, best);
+    for (int64_t i = 0; i < n; i++) best[i].w = weight_at(x, vocab, *s, best[i].at);
+    walk_cut(c, best, n, s);
+}
+
+/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total`: a top-k up to MAX_TOP directly, else a
+ * radix select over the weights' bits, digit by digit, until the bucket holding the cut is small enough to sort
+ * (or holds equal weights). 0 on success, -1 without memory. */
 static int find_cut(const float *x, int64_t vocab, RowScale *s, int64_t top_k, double top_p, double total) {
+    CutWalk c = {top_k, 0, top_p * total, 0.0};
+    if (top_k > 0 && top_k <= MAX_TOP) {
+        find_top_k_cut(x, vocab, s, &c);
+        return 0;
+    }
     int64_t *count = malloc(sizeof *count << 12);
     double *mass = malloc(sizeof *mass << 12);
     int status = count && mass ? 0 : -1;
-    CutWalk c = {top_k, 0, top_p * total, 0.0};
     uint64_t prefix = 0;
     for (int d = 0; !status && d < 3; d++) {
         const int32_t digits = 1 << DIGIT_BITS[d];
@@ -265,8 +310,6 @@ int sample_rows_f32(const float *logits, int64_t rows, int64_t vocab, const floa
     return status;
 }
 
-#define MAX_TOP 64 /* top logprobs a row may ask for (the API allows 20) */
-
 /* log(sum(exp(x - top))) over the row, -inf logits contributing 0; each block's sum added in double. */
 static float log_sum_exp(const float *x, int64_t vocab, float top) {
     double total = 0.0;
@@ -283,27 +326,6 @@ static float log_sum_exp(const float *x, int64_t vocab, float top) {
         total += hsum(sums) + tail;
     }
     return (float)log(total);
-}
-
-/* Token `at` (logit v) into the first `*count` of the k best, sorted by logit and then index. */
-static void keep_best(Ranked *best, int64_t *count, int64_t k, float v, int64_t at) {
-    if (*count == k && !(v > best[k - 1].w)) return;
-    int64_t j = *count < k ? (*count)++ : k - 1;
-    for (; j > 0 && v > best[j - 1].w; j--) best[j] = best[j - 1];
-    best[j] = (Ranked){v, at};
-}
-
-#define SCAN 64 /* logits whose largest is compared with the k-th best before any of them is looked at */
-
-/* The k largest logits of the row (k <= MAX_TOP), sorted. */
-static int64_t top_logits(const float *x, int64_t vocab, int64_t k, Ranked *best) {
-    int64_t count = 0;
-    for (int64_t start = 0; start < vocab; start += SCAN) {
-        const int64_t n = min64(SCAN, vocab - start);
-        if (count == k && !(max_score(x + start, n) > best[k - 1].w)) continue;
-        for (int64_t i = 0; i < n; i++) keep_best(best, &count, k, x[start + i], start + i);
-    }
-    return count;
 }
 
 /* logits (rows, vocab); tokens: each row's chosen token; k top logprobs a row (0..MAX_TOP, at most vocab).
