@@ -21,7 +21,7 @@ MAX_TOP = 64  # sampling.c's
 
 class NativeSampler:
     """One token per row by inverse CDF over exp((logit - max) / temperature), min-p, top-k and top-p
-    filtered (sampling.c)."""
+    filtered, and the rows' logprobs (sampling.c)."""
 
     def __init__(self, tier: CpuTier | None = None, cache_dir: Path | None = None) -> None:
         self.tier = tier or host_tier()
