@@ -216,15 +216,20 @@ def _inverse_cdf(xp: Any, weights: Any, uniforms: Any) -> Any:
     at most the target (a binary search per row on NumPy, where comparing and counting the whole vocabulary
     cost two more passes over it; cupy has no row-wise search, and counts)."""
     cdf = xp.cumsum(weights.astype(xp.float64), axis=-1)
-    # under the total, always: a float32 uniform can round up to 1, and the count would then run past the
-    # last token of weight onto the filtered or forbidden ones after it
-    targets = xp.minimum(uniforms * cdf[:, -1], xp.nextafter(cdf[:, -1], 0.0))
+    targets = cdf_targets(xp, cdf, uniforms)
     if xp.__name__ == "numpy":
         index = xp.array([xp.searchsorted(row, target, side="right") for row, target in zip(cdf, targets, strict=True)],
                          dtype=xp.int64).reshape(len(cdf))
     else:
         index = (cdf <= targets[:, None]).sum(axis=-1)
     return xp.minimum(index, weights.shape[-1] - 1).astype(xp.int64)
+
+
+def cdf_targets(xp: Any, cdf: Any, uniforms: Any) -> Any:
+    """uniform * total per row, always under the total: a float32 uniform can round up to 1, and a count of the
+    cumulative weights at most the target would then run past the last token of weight onto the filtered or
+    forbidden ones after it."""
+    return xp.minimum(uniforms * cdf[:, -1], xp.nextafter(cdf[:, -1], 0.0))
 
 
 def _softmax(xp: Any, x: Any) -> Any:

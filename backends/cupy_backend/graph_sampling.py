@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from backends.base import SamplingInputs
-from backends.sampling import GREEDY_BELOW, log_softmax
+from backends.sampling import GREEDY_BELOW, cdf_targets, log_softmax
 
 EAGER_ONLY = ("presence_penalty", "frequency_penalty", "repetition_penalty", "suppressed_token_ids", "allowed")
 
@@ -44,6 +44,5 @@ def inverse_cdf(xp: Any, weights: Any, uniforms: Any) -> Any:
     """Per row, the first index whose cumulative weight exceeds uniform * total, counted (how many cumulative
     weights are at most the target): the eager sampler's binary search, without a host loop over rows."""
     cdf = xp.cumsum(weights.astype(xp.float64), axis=-1)
-    target = xp.minimum(uniforms * cdf[:, -1], xp.nextafter(cdf[:, -1], 0.0))  # under the total, as the eager one
-    index = (cdf <= target[:, None]).sum(axis=-1)
+    index = (cdf <= cdf_targets(xp, cdf, uniforms)[:, None]).sum(axis=-1)
     return xp.minimum(index, weights.shape[-1] - 1).astype(xp.int64)

@@ -42,7 +42,6 @@ typedef struct {
     int64_t cut_at;
 } RowScale;
 
-
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static inline float scalar_weight(float x, RowScale s, int64_t at) {
@@ -244,9 +243,9 @@ static void find_top_k_cut(const float *x, int64_t vocab, RowScale *s, CutWalk *
     walk_cut(c, best, n, s);
 }
 
-/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total`: a top-k up to MAX_TOP directly, else a
- * radix select over the weights' bits, digit by digit, until the bucket holding the cut is small enough to sort
- * (or holds equal weights). 0 on success, -1 without memory. */
+/* s with its cut for top_k (> 0: on) and top_p (< 1: on) of `total` (INFINITY when top_p is off): a top-k up
+ * to MAX_TOP directly, else a radix select over the weights' bits, digit by digit, until the bucket holding the
+ * cut is small enough to sort (or holds equal weights). 0 on success, -1 without memory. */
 static int find_cut(const float *x, int64_t vocab, RowScale *s, int64_t top_k, double top_p, double total) {
     CutWalk c = {top_k, 0, top_p * total, 0.0};
     if (top_k > 0 && top_k <= MAX_TOP) {
@@ -280,8 +279,9 @@ static int find_cut(const float *x, int64_t vocab, RowScale *s, int64_t top_k, d
 
 static int sample_row(const float *x, int64_t vocab, RowScale s, int64_t top_k, double top_p, double u,
                       double *sums, int64_t *out) {
-    if (top_k > 0 || top_p < 1.0) {
-        const int status = find_cut(x, vocab, &s, top_k, top_p, row_weights(x, vocab, s, sums));
+    if (top_k > 0 || top_p < 1.0) { /* the total only for top_p: a pass over the row saved for a top-k alone */
+        const double total = top_p < 1.0 ? row_weights(x, vocab, s, sums) : INFINITY;
+        const int status = find_cut(x, vocab, &s, top_k, top_p, total);
         if (status) return status;
     }
     *out = draw(x, vocab, s, u, sums);
@@ -290,7 +290,7 @@ static int sample_row(const float *x, int64_t vocab, RowScale s, int64_t top_k, 
 
 /* logits (rows, vocab) float32; per row: temperature > 0, min_p in [0, 1], top_k (0: off), top_p in (0, 1]
  * (1: off), a uniform in [0, 1) (double); out: the drawn token ids. Returns 0, -1 when scratch memory could not
- * be had, -2 for a vocabulary under 1. */
+ * be had, -2 for a vocabulary under 1 or past int32. */
 int sample_rows_f32(const float *logits, int64_t rows, int64_t vocab, const float *temperature, const float *min_p,
                     const int64_t *top_k, const float *top_p, const double *uniforms, int64_t *out) {
     if (vocab < 1 || vocab > INT32_MAX) return -2; /* the vector compares count tokens in int32 */
@@ -310,21 +310,14 @@ int sample_rows_f32(const float *logits, int64_t rows, int64_t vocab, const floa
     return status;
 }
 
-/* log(sum(exp(x - top))) over the row, -inf logits contributing 0; each block's sum added in double. */
+/* log(sum(exp(x - top))) over the row: the weights at temperature 1, unfiltered, each block's sum added in
+ * double. */
 static float log_sum_exp(const float *x, int64_t vocab, float top) {
+    const RowScale s = {top, 1.0f, 0.0f, 0.0f, -1};
+    float w[BLOCK] __attribute__((aligned(64)));
     double total = 0.0;
-    for (int64_t start = 0; start < vocab; start += BLOCK) {
-        const int64_t n = min64(BLOCK, vocab - start);
-        vec8 sums = {0};
-        int64_t i = 0;
-        for (; i + LANES <= n; i += LANES) {
-            const vec8 arg = *(const vec8 *)(x + start + i) - top;
-            sums += (vec8)((vec8i)exp_nonpositive(arg) & (arg >= EXP_FLOOR));
-        }
-        float tail = 0.0f;
-        for (; i < n; i++) tail += x[start + i] - top >= EXP_FLOOR ? expf(x[start + i] - top) : 0.0f;
-        total += hsum(sums) + tail;
-    }
+    for (int64_t start = 0; start < vocab; start += BLOCK)
+        total += block_weights(x + start, min64(BLOCK, vocab - start), s, start, w);
     return (float)log(total);
 }
 
