@@ -163,7 +163,9 @@ class Mode:
 # name -> weights, CPU precision, KV cache dtype
 MODES = {"float32": ("float32", "exact", "float32"), "gguf": ("gguf", "exact", "float32"),
          "gguf-fast": ("gguf", "fast", "float32"), "gguf-kv16": ("gguf", "exact", "float16"),
-         "gguf-fast-kv16": ("gguf", "fast", "float16")}
+         "gguf-fast-kv16": ("gguf", "fast", "float16"), "gguf-fast-stored": ("gguf", "fast", "float32")}
+DEFAULT_MODES = ("float32", "gguf", "gguf-fast", "gguf-kv16", "gguf-fast-kv16")
+STORED_Q8 = frozenset({"gguf-fast-stored"})  # Q8_0 left as stored, not regrouped (grouped_q8.py): the A/B
 
 
 def build_modes(names: list[str], cpu_isa: str, model: str | None = None) -> list[Mode]:
@@ -171,7 +173,7 @@ def build_modes(names: list[str], cpu_isa: str, model: str | None = None) -> lis
     modes = []
     for name in names:
         weights, precision, kv_dtype = MODES[name]
-        backend = NumpyBackend(models[weights], "auto", precision, kv_dtype, cpu_isa)
+        backend = NumpyBackend(models[weights], "auto", precision, kv_dtype, cpu_isa, name not in STORED_Q8)
         backend.init_cache(max(BATCHES) * (CONTEXT // BLOCK + 1), BLOCK)
         modes.append(Mode(name, backend, models[weights].weights.streamed_bytes))
     return modes
@@ -259,7 +261,7 @@ def _median(timings: list[StepTiming]) -> StepTiming:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help="of " + ", ".join(MODES))
     parser.add_argument("--warm-ms", type=float, default=150.0, help="steps run untimed in each turn, in ms")
     parser.add_argument("--steps", type=int, default=3, help="steps timed in each turn after the warm-up")
     parser.add_argument("--cpu-isa", default=AUTO, choices=CHOICES, help="the C kernels' CPU tier")

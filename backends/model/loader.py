@@ -121,7 +121,7 @@ def turn_end_ids(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[int, ...
     return (ids[0],) if ids and ids[0] in tokenizer.special_ids else ()
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Give the heap that loading freed (dequantization and tokenizer temporaries, 56 MiB of Gemma 3's) back to
     the system: glibc keeps it for reuse otherwise, and the server's resident memory would count it. A no-op
     where the C library has no malloc_trim."""
@@ -158,7 +158,7 @@ def load_model(path: str | Path | None = None, stored: StoredTypes = (), files: 
         gguf = _checkpoint_tensors(files.path) if files.path.is_dir() else _read(files.path)
     weights = load_weights(gguf, files.config, stored)
     del gguf  # the file's map: nothing loaded is a view of it, so its pages leave the process
-    _return_freed_memory()
+    return_freed_memory()
     seconds = time.perf_counter() - start
     log.info("loaded model %s (%.0f MB, %s weights) in %.1f s", files.path.name, weights.num_bytes / 1e6,
              "gguf" if stored else "float32", seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -27,7 +28,8 @@ class NumpyBackend:
     step_is_instant = False  # a step computes for milliseconds: off the event loop
 
     def __init__(self, model: LoadedModel, cpu_kernels: str = "auto", cpu_precision: str = "exact",
-                 kv_cache_dtype: str = "float32", cpu_isa: str = AUTO) -> None:
+                 kv_cache_dtype: str = "float32", cpu_isa: str = AUTO, group_q8: bool = True) -> None:
+        """group_q8 False: Q8_0 matrices stay as stored in the fast precision (kernel_choice; benchmarks compare)."""
         self.model = model
         self.cpu_precision = cpu_precision
         if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -37,7 +39,10 @@ class NumpyBackend:
         report_dequantized(model.weights.dequantized)
         tier = chosen_tier(cpu_isa, cpu_kernels)
         self.cpu_tier = tier if cpu_kernels != "numpy" else None  # the C kernels' build; None: NumPy's run
-        kernels = choose_kernels(cpu_kernels if tier else "numpy", cfg, model.weights, cpu_precision, tier)
+        kernels = choose_kernels(cpu_kernels if tier else "numpy", cfg, model.weights, cpu_precision, tier,
+                                 group_q8)
+        if kernels.weights is not None and kernels.weights is not model.weights:  # regrouped: the stored go
+            self.model = model = dataclasses.replace(model, weights=kernels.weights)
         self.forward = DecoderForward(cfg, model.weights, kernels.decode_attention, kernels.project,
                                     kernels.fused_step, kernels.chunk_attention)
         self.row_sampler = kernels.row_sampler  # None: NumPy draws every row

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from backends.base import BackendError
@@ -16,6 +16,7 @@ from backends.numpy_backend.attention import ChunkAttention, DecodeAttention, de
 from backends.numpy_backend.native.build import KernelBuildError
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
 from backends.numpy_backend.native.fused_step import NativeFusedStep
+from backends.numpy_backend.native.grouped_q8 import group_weights
 from backends.numpy_backend.native.kernels import NativeAttention
 from backends.numpy_backend.native.matmul import NativeMatmul, Projection, numpy_project
 from backends.numpy_backend.native.sampler import NativeSampler
@@ -32,22 +33,29 @@ class CpuKernels:
     fused_step: NativeFusedStep | None = None  # a small step in one call; None: layer by layer
     chunk_attention: ChunkAttention = prefill_attention  # a prefill chunk's, on the per-layer path
     row_sampler: RowSampler | None = None  # the random rows' draws and the logprobs; None: NumPy's sampler
+    # the weights as these kernels read them: the model's, or with Q8_0 regrouped for the fast precision's kernel
+    weights: ModelWeights | None = field(default=None, compare=False)
 
 
 def choose_kernels(mode: str, config: ModelConfig, weights: ModelWeights, precision: str = "exact",
-                   tier: CpuTier | None = None) -> CpuKernels:
+                   tier: CpuTier | None = None, group_q8: bool = True) -> CpuKernels:
     """mode "numpy": the references; "native": the C kernels built for `tier` or an error; "auto": each C
     kernel (the sampler too) when it builds and loads, and the attention and fused-step kernels when they
     support the model's shape. precision "fast": the C projections of batches in bfloat16 products on the amx
-    tier, of steps of 1-3 rows on Q4 weights in 8-bit integers from the avx2 and neon tiers up (fast_matmul.h);
-    the NumPy kernels have no fast precision. tier None: the highest this CPU runs."""
+    tier, of steps of 1-3 rows on Q4 weights in 8-bit integers from the avx2 and neon tiers up (fast_matmul.h),
+    and of any rows on Q8_0 matrices regrouped for the AVX-512 VNNI tiers' kernel (grouped_q8.py; the returned
+    kernels' `weights`; group_q8 False keeps them stored, for comparisons); the NumPy kernels have no fast
+    precision. tier None: the highest this CPU runs."""
     fast, tier = precision == "fast", tier or host_tier()
     if mode == "numpy":
-        return CpuKernels(decode_attention, numpy_project)
+        return CpuKernels(decode_attention, numpy_project, weights=weights)
     decode, chunk = _attention(mode, config, tier)
-    project = _native(mode, "projection", lambda: NativeMatmul(fast=fast, tier=tier).project, numpy_project)
+    matmul = _native(mode, "projection", lambda: NativeMatmul(fast=fast, tier=tier), None)
+    if group_q8 and matmul is not None and matmul.groups_q8:  # before the fused step takes their addresses
+        weights = group_weights(weights)
+    project = matmul.project if matmul is not None else numpy_project
     sampler = _native(mode, "sampler", lambda: NativeSampler(tier=tier), None)
-    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast, tier), chunk, sampler)
+    return CpuKernels(decode, project, _fused_step(mode, config, weights, fast, tier), chunk, sampler, weights)
 
 
 def _attention(mode: str, config: ModelConfig, tier: CpuTier) -> tuple[DecodeAttention, ChunkAttention]:

@@ -46,7 +46,8 @@ class DecoderForward:
         self.chunk_attention = chunk_attention  # a prefill chunk's attention, one sequence at a time
         self.project = project  # x @ w.T, for every weight matrix
         self.fused_step = fused_step  # every layer of a small step in one C call, when built
-        bases = {config.layer_rope_base(i) for i in range(config.num_layers)}
+        # the global base even where every layer slides: the fused step takes its table as the step's first
+        bases = {config.rope_theta} | {config.layer_rope_base(i) for i in range(config.num_layers)}
         self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length,
                                             config.rope_freq_factors if base == config.rope_theta else ())
                       for base in bases}

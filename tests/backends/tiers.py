@@ -17,6 +17,8 @@ WIDE_SUMS = frozenset({"avx512", "avx512-vnni", "amx"})  # stored weights summed
 WIDE_STEPS = frozenset({"avx512", "avx512-vnni", "amx"})
 # AVX-512 VNNI: Q8_0 and the K-quants with x in lanes from 8 rows, past 64 too (q8_lanes.h)
 LANE_STEPS = frozenset({"avx512-vnni", "amx"})
+# Q8_0 regrouped 16 rows at a time at load for the fast precision, any rows (q8_grouped.h, grouped_q8.py)
+GROUPED_Q8 = frozenset({"avx512-vnni", "amx"})
 TILES = frozenset({"amx"})  # bfloat16 products on AMX tiles, where the kernel may use them (fast_matmul.h)
 
 

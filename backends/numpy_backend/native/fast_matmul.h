@@ -129,8 +129,53 @@ static inline __attribute__((always_inline)) void row_to_bf16_t(const uint8_t *r
     }
 }
 
+#if Q8_GROUPED_BUILT
+/* A regrouped Q8_0 group (q8_grouped.h: its 16 rows from `first`) as bfloat16 A rows of kp values: each block's 8
+ * vectors (word c of row j at lane j, + 128) made signed and transposed to rows in registers, then each row
+ * converted as deq_block16 converts a stored block (q * d, exact in float32, rounded alike), so the tiles'
+ * products are the stored matrix's. */
+static void group_to_tiles(const Weights *w, int64_t first, int64_t k, uint16_t *a, int64_t kp) {
+    const uint8_t *group = weights_row(w, first);
+    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), high = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    int8_t rows[GROUPED_ROWS][QBLOCK] __attribute__((aligned(64)));
+    for (int64_t b = 0; b < k / QBLOCK; b++) {
+        const uint8_t *block = group + b * GROUPED_BLOCK;
+        __m512i v[8], t[8];
+        for (int c = 0; c < 8; c++) v[c] = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
+        for (int c = 0; c < 8; c += 2) /* lane L of t[c], t[c + 1]: words c, c + 1 of rows 4L .. 4L + 3 */
+            t[c] = _mm512_unpacklo_epi32(v[c], v[c + 1]), t[c + 1] = _mm512_unpackhi_epi32(v[c], v[c + 1]);
+        for (int h = 0; h < 2; h++) /* lane L of v[4h + i]: words 4h .. 4h + 3 of row 4L + i */
+            for (int p = 0; p < 2; p++) {
+                v[4 * h + 2 * p] = _mm512_unpacklo_epi64(t[4 * h + p], t[4 * h + 2 + p]);
+                v[4 * h + 2 * p + 1] = _mm512_unpackhi_epi64(t[4 * h + p], t[4 * h + 2 + p]);
+            }
+        for (int i = 0; i < 4; i++) { /* rows i and 4 + i, then 8 + i and 12 + i: words 0-3 beside 4-7 */
+            const __m512i lo = _mm512_permutex2var_epi64(v[i], low, v[4 + i]), hi = _mm512_permutex2var_epi64(v[i], high, v[4 + i]);
+            _mm256_store_si256((__m256i *)rows[i], _mm512_castsi512_si256(lo));
+            _mm256_store_si256((__m256i *)rows[4 + i], _mm512_extracti64x4_epi64(lo, 1));
+            _mm256_store_si256((__m256i *)rows[8 + i], _mm512_castsi512_si256(hi));
+            _mm256_store_si256((__m256i *)rows[12 + i], _mm512_extracti64x4_epi64(hi, 1));
+        }
+        float d[GROUPED_ROWS];
+        _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block)));
+        for (int j = 0; j < GROUPED_ROWS; j++) {
+            const __m512 dj = _mm512_set1_ps(d[j]);
+            const __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)rows[j]))), dj);
+            const __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(rows[j] + 16)))), dj);
+            _mm512_storeu_si512(a + j * kp + b * QBLOCK, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+        }
+    }
+}
+#endif
+
 /* 16 weight rows (first.., zeros past n) as bfloat16 A rows of kp values. */
 static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t k, int64_t kp, uint16_t *a) {
+#if Q8_GROUPED_BUILT
+    if (w->type == WEIGHTS_Q8_0_G16) { /* first and n multiples of 16: one whole group */
+        group_to_tiles(w, first, k, a, kp);
+        return;
+    }
+#endif
     for (int64_t j = 0; j < FAST_TILE; j++) {
         uint16_t *to = a + j * kp;
         if (first + j >= n) {
@@ -217,6 +262,7 @@ static void project_amx(const float *x, const Weights *w, float *y, int64_t m, i
     }
     _tile_release();
 }
+
 #endif /* FAST_AMX */
 
 /* Whether a step of m rows on weights the tiles read takes the 8-bit path instead: Q4_0 / Q4_1 below a tile
@@ -286,6 +332,14 @@ static void projection_work_free(ProjectionWork *f) {
 static void project_step(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n, int add,
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
+#if Q8_GROUPED_BUILT
+    /* only in the fast precision (the callers refuse it otherwise); on the tiles where stored Q8_0 would be */
+    if (w->type == WEIGHTS_Q8_0_G16 && !(f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m))) {
+        if (thread == 0) q8_projections++;
+        project_q8_grouped(x, w, y, m, k, n, add, mine);
+        return;
+    }
+#endif
 #if FAST_AMX
     if (f->tiles && !eight_lanes_only(w->type) && !(f->q8 && q8_before_tiles(w->type, m))) { /* quant_k.h's types: 8-bit x or exact (no x_lanes needed) */
         /* this projection's width, not the widest the buffers were sized for: past it, A rows and x tiles

@@ -288,6 +288,15 @@ static int check_shape(const ModelShape *m, const LayerRefs *layers, const StepR
     return ok ? 0 : -2;
 }
 
+/* 1 when a layer holds a matrix regrouped for the fast precision's kernel (q8_grouped.h), which no other reads. */
+static int any_grouped(const ModelShape *m, const LayerRefs *layers) {
+    for (int64_t l = 0; l < m->layers; l++)
+        if (layers[l].wqkv.type == WEIGHTS_Q8_0_G16 || layers[l].wo.type == WEIGHTS_Q8_0_G16
+            || layers[l].w_gate_up.type == WEIGHTS_Q8_0_G16 || layers[l].w_down.type == WEIGHTS_Q8_0_G16)
+            return 1;
+    return 0;
+}
+
 static float *alloc_activations(Activations *a, const ModelShape *m, int64_t rows) {
     const int64_t q_size = m->heads * m->head_dim, qkv = q_size + 2 * m->kv_heads * m->head_dim;
     const size_t floats = (size_t)(rows * (m->hidden + qkv + q_size + 3 * m->ffn));
@@ -328,7 +337,7 @@ int fused_step_f32(const ModelShape *m, const LayerRefs *layers, const StepRows 
                    int fast) {
     int64_t total;
     for (int part = 0; part < TIME_PARTS; part++) seconds[part] = 0.0;
-    if (check_shape(m, layers, s) != 0) return -2;
+    if (check_shape(m, layers, s) != 0 || (!fast && any_grouped(m, layers))) return -2;
     const int64_t max_ctx = max_context(s->context_lens, s->rows, s->table_stride * m->block_size, &total);
     if (max_ctx < 0) return (int)max_ctx;
     if (s->window_tables != NULL && max_ctx > s->window_stride * m->block_size) return -3;

@@ -495,6 +495,8 @@ static void project_q8(const float *x, const Weights *w, float *y, int64_t m, in
                 q8_group_of(&chunk, w, y + r * n, count, k, n, t * Q8_GROUP, add);
         }
 }
+#include "q8_grouped.h" /* Q8_0 regrouped at load, any rows (AVX-512 VNNI) */
+
 /* What project_q8 needs of a thread's buffer: x rounded, and for Q8_LANES x in lanes too. */
 static inline int64_t q8_work_bytes(int64_t m, int64_t k) { return q8_x_bytes(m, k) + q8_lanes_bytes(m, k); }
 #else

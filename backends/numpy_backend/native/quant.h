@@ -19,8 +19,16 @@
 /* ggml's type ids, as the file stores them */
 enum {
     WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q5_0 = 6, WEIGHTS_Q5_1 = 7,
-    WEIGHTS_Q8_0 = 8, WEIGHTS_Q2_K = 10, WEIGHTS_Q3_K = 11, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30
+    WEIGHTS_Q8_0 = 8, WEIGHTS_Q2_K = 10, WEIGHTS_Q3_K = 11, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30,
+    WEIGHTS_Q8_0_G16 = 1008 /* ours: Q8_0 regrouped 16 rows at a time (q8_grouped.h), for the fast precision only */
 };
+/* Whether this build reads WEIGHTS_Q8_0_G16 (its kernel needs AVX-512 VNNI); its rows are not rows of blocks, so
+ * only that kernel may see it */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q8_GROUPED_BUILT 1
+#else
+#define Q8_GROUPED_BUILT 0
+#endif
 #define QBLOCK 32 /* weights per block of the quantized types */
 /* The start of the functions that hold the tiles' loops (project_tile_q, tile_more_rows, q8_group_of): one
  * cache line, so that code added elsewhere cannot move their loops across the front end's fetch windows (adding
@@ -386,6 +394,7 @@ static inline int weights_supported(int32_t type, int64_t k) {
     case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: case WEIGHTS_Q5_0: case WEIGHTS_Q5_1: return k % QBLOCK == 0;
     case WEIGHTS_Q2_K: case WEIGHTS_Q3_K: case WEIGHTS_Q4_K: case WEIGHTS_Q5_K: case WEIGHTS_Q6_K: return k % QK_K == 0;
     case WEIGHTS_F32: case WEIGHTS_F16: case WEIGHTS_BF16: return k % LANES == 0;
+    case WEIGHTS_Q8_0_G16: return Q8_GROUPED_BUILT && k % QBLOCK == 0;
     default: return 0;
     }
 }
