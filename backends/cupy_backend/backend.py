@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What the forward computes beyond Llama's layer (ModelConfig.features' words): every feature the NumPy forward
+# computes. A model with any other is refused at start-up.
+SUPPORTED_FEATURES = frozenset({
+    "RoPE over head halves", "GeGLU", "scaled embeddings", "QK norm", "QKV biases",
+    "norms after attention and MLP", "sliding-window layers", "RoPE frequency factors",
+})
+
 
 class CupyBackend:
     name = "cupy"
@@ -172,12 +179,13 @@ class CupyBackend:
                           opt(r.top_logprobs))
 
 
-def _check_supported(config: ModelConfig) -> None:
-    """The kernels exist for a few head sizes and need whole 16-byte rows, and compute Llama's layer only: refuse
-    other models up front."""
-    if config.features:  # the family's (QKV biases, QK norm, ...) and the model's (Llama 3's RoPE factors)
+def _check_supported(config: ModelConfig, supported: frozenset[str] = SUPPORTED_FEATURES) -> None:
+    """The kernels exist for a few head sizes and need whole 16-byte rows, and compute the features in
+    `supported`: refuse other models up front, in one line."""
+    missing = [f for f in config.features if f not in supported]  # the family's and the model's own
+    if missing:
         raise BackendError(f"the cupy backend does not compute {config.architecture}'s "
-                           f"{', '.join(config.features)} ({config.name}); use --backend numpy")
+                           f"{', '.join(missing)} ({config.name}); use --backend numpy")
     if config.head_dim not in launch.HEAD_DIMS:
         raise BackendError(f"the cupy backend's attention kernels support head_dim {launch.HEAD_DIMS}, "
                            f"not {config.head_dim} ({config.name})")

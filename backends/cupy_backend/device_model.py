@@ -1,5 +1,5 @@
 """The model's state on the device: weights uploaded once (dense in the storage dtype, or as the file stores
-them: quant_weights.py), the rotary cos/sin table, and the paged KV cache.
+them: quant_weights.py), the rotary cos/sin tables (one per RoPE base the layers use), and the paged KV cache.
 
 The KV cache is one array (layers, 2, num_blocks, block_size, kv_heads, head_dim): layer l's K and V are the
 contiguous views [l, 0] and [l, 1], each shaped like the NumPy backend's per-layer cache, and a copy-on-write
@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the loader imports gguf; the backend only needs the arrays
 
 @dataclass(frozen=True)
 class DeviceLayer:
-    """Matrices are dense device arrays in the storage dtype or DeviceQuant (quant_weights.py)."""
+    """Matrices are dense device arrays in the storage dtype or DeviceQuant (quant_weights.py); the optional
+    vectors (LayerWeights') are None where the architecture has none."""
 
     attn_norm: Any  # (H,)
     wqkv: Any  # (q_size + 2 kv_size, H)
@@ -34,6 +35,11 @@ class DeviceLayer:
     ffn_norm: Any  # (H,)
     w_gate_up: Any  # (2F, H)
     w_down: Any  # (H, F)
+    q_norm: Any = None  # (head_dim,)
+    k_norm: Any = None  # (head_dim,)
+    post_attn_norm: Any = None  # (H,)
+    post_ffn_norm: Any = None  # (H,)
+    qkv_bias: Any = None  # (q_size + 2 kv_size,)
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,12 @@ class DeviceWeights:
     layers: tuple[DeviceLayer, ...]
     final_norm: Any  # (H,)
     lm_head: Any  # (V, H): the same array as the embedding when tied
-    cos_sin_cache: Any  # (max_position, head_dim) float32
+    rope_tables: dict[float, Any]  # RoPE base -> (max_position, head_dim) float32 cos/sin (reference.py's)
 
     @property
     def num_bytes(self) -> int:
-        arrays = [self.embedding, self.final_norm, self.lm_head, self.cos_sin_cache]
-        arrays += [a for layer in self.layers for a in vars(layer).values()]
+        arrays = [self.embedding, self.final_norm, self.lm_head, *self.rope_tables.values()]
+        arrays += [a for layer in self.layers for a in vars(layer).values() if a is not None]
         return sum(int(a.nbytes) for a in {id(a): a for a in arrays}.values())
 
 
@@ -60,25 +66,27 @@ def upload_weights(xp: Any, storage: Storage, config: ModelConfig, weights: Mode
 
     embedding = put(weights.embedding)
     lm_head = embedding if weights.lm_head is weights.embedding else put(weights.lm_head)
-    cos_sin = reference.rope_cos_sin_cache(config.context_length, config.head_dim, config.rope_theta)
     return DeviceWeights(
         embedding=embedding,
         layers=tuple(_layer(put, layer) for layer in weights.layers),
         final_norm=put(weights.final_norm),
         lm_head=lm_head,
-        cos_sin_cache=xp.asarray(cos_sin),
+        rope_tables={base: xp.asarray(table) for base, table in rope_tables(config).items()},
     )
+
+
+def rope_tables(config: ModelConfig) -> dict[float, np.ndarray]:
+    """A cos/sin table per RoPE base the layers use (Gemma 3's sliding layers have their own), the frequency
+    factors applied to the global base's only, as the NumPy forward does."""
+    bases = {config.layer_rope_base(i) for i in range(config.num_layers)}
+    return {base: reference.rope_cos_sin_cache(config.context_length, config.head_dim, base,
+                                               config.rope_freq_factors if base == config.rope_theta else ())
+            for base in bases}
 
 
 def _layer(put: Any, layer: LayerWeights) -> DeviceLayer:
-    return DeviceLayer(
-        attn_norm=put(layer.attn_norm),
-        wqkv=put(layer.wqkv),
-        wo=put(layer.wo),
-        ffn_norm=put(layer.ffn_norm),
-        w_gate_up=put(layer.w_gate_up),
-        w_down=put(layer.w_down),
-    )
+    """Every tensor the layer has, each sent once."""
+    return DeviceLayer(**{name: None if a is None else put(a) for name, a in vars(layer).items()})
 
 
 class DeviceKVCache:
