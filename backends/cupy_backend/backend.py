@@ -80,7 +80,11 @@ class CupyBackend:
     @property
     def kv_geometry(self) -> KVGeometry:
         cfg = self.config
-        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.storage.itemsize)
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.storage.itemsize,
+                          sliding_window=cfg.sliding_window, window_layers=len(self._sliding_layers()))
+
+    def _sliding_layers(self) -> list[int]:
+        return [i for i in range(self.config.num_layers) if self.config.layer_window(i) > 0]
 
     @property
     def cache(self) -> DeviceKVCache:
@@ -89,12 +93,13 @@ class CupyBackend:
         return self._cache
 
     def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
-        if window_blocks > 0:  # kv_geometry reports no window layers: no pool of their own to size
-            raise BackendError("the cupy backend keeps every layer's KV in one pool: window_blocks must be 0")
-        geo = self.kv_geometry
+        """window_blocks > 0: the sliding layers' K/V in a pool of that many blocks of their own."""
+        geo, sliding = self.kv_geometry, self._sliding_layers()
+        if window_blocks > 0 and not sliding:
+            raise BackendError(f"a window pool of {window_blocks} blocks for a model without sliding layers")
         self._cache, self.graphs = None, None  # free the old cache (and graphs reading it) before the new one
         self._cache = DeviceKVCache(self.device.xp, self.storage, geo.num_layers, num_blocks, block_size,
-                                    geo.num_kv_heads, geo.head_dim)
+                                    geo.num_kv_heads, geo.head_dim, sliding, window_blocks)
         self.graphs = self._new_graphs(num_blocks, block_size)
 
     def _new_graphs(self, num_blocks: int, block_size: int) -> DecodeGraphs | None:
@@ -106,7 +111,8 @@ class CupyBackend:
             log.warning("device %s captures no CUDA graphs: decode steps run eagerly", self.device.name)
             return None
         max_blocks = min(num_blocks, -(-self.config.context_length // block_size))
-        graphs = DecodeGraphs(settings, self.device, self._forward_logits, max_blocks, block_size)
+        graphs = DecodeGraphs(settings, self.device, self._forward_logits, max_blocks, block_size,
+                              window_pool=bool(self.cache.window_layers))
         if settings.mode == "eager":
             graphs.capture_all()
         return graphs
@@ -119,8 +125,9 @@ class CupyBackend:
         """Runs the step's forward eagerly (writing its K/V); returns the (S, vocab) float32 device logits of
         batch.sample_rows, or None when there is nothing to sample or they are not wanted."""
         self._check_positions(batch)
+        self.cache.check_window_inputs(batch)  # before the copies: a refused step changes nothing
         step = upload_step(self.device.xp, batch)
-        self.cache.copy_blocks(batch.block_copies)
+        self.cache.copy_blocks(batch.block_copies, batch.window_block_copies)
         if step.num_tokens == 0:
             return None
         x, residual = self.forward.hidden_states(step, self.cache)
@@ -132,7 +139,8 @@ class CupyBackend:
         """device_logits through the bucket's decode graph (a step graphs.DecodeGraphs.bucket gave `bucket`)."""
         assert self.graphs is not None
         self._check_positions(batch)
-        self.cache.copy_blocks(batch.block_copies)
+        self.cache.check_window_inputs(batch)
+        self.cache.copy_blocks(batch.block_copies, batch.window_block_copies)
         return self.graphs.forward(batch, bucket)
 
     def _check_positions(self, batch: StepBatch) -> None:

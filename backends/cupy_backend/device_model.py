@@ -3,17 +3,20 @@ them: quant_weights.py), the rotary cos/sin tables (one per RoPE base the layers
 
 The KV cache is one array (layers, 2, num_blocks, block_size, kv_heads, head_dim): layer l's K and V are the
 contiguous views [l, 0] and [l, 1], each shaped like the NumPy backend's per-layer cache, and a copy-on-write
-block copy is one indexing operation over every layer at once.
+block copy is one indexing operation over every layer at once. With a window pool (init_cache's window_blocks),
+the sliding layers' K/V live in a second such array of window_blocks blocks, with its own block ids
+(StepBatch.window_tables / window_slots), and `data` holds the other layers only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backends.base import BackendError, StepBatch
 from backends.cupy_backend import reference
 from backends.cupy_backend.quant_weights import upload_matrix
 from backends.cupy_backend.storage import Storage
@@ -91,9 +94,16 @@ def _layer(put: Any, layer: LayerWeights) -> DeviceLayer:
 
 class DeviceKVCache:
     def __init__(self, xp: Any, storage: Storage, num_layers: int, num_blocks: int, block_size: int,
-                 kv_heads: int, head_dim: int) -> None:
+                 kv_heads: int, head_dim: int, window_layers: Collection[int] = (), window_blocks: int = 0) -> None:
+        """window_blocks > 0: the layers in window_layers hold that many blocks (the window pool)."""
         self.xp = xp
-        self.data = xp.zeros((num_layers, 2, num_blocks, block_size, kv_heads, head_dim), dtype=storage.dtype)
+        self.window_layers = frozenset(window_layers) if window_blocks > 0 else frozenset()
+        full = [i for i in range(num_layers) if i not in self.window_layers]
+        # layer -> its index in its pool's array
+        self._slot = {layer: i for pool in (full, sorted(self.window_layers)) for i, layer in enumerate(pool)}
+        row = (block_size, kv_heads, head_dim)
+        self.data = xp.zeros((len(full), 2, num_blocks, *row), dtype=storage.dtype)
+        self.window_data = xp.zeros((len(self.window_layers), 2, window_blocks, *row), dtype=storage.dtype)
 
     @property
     def block_size(self) -> int:
@@ -103,15 +113,33 @@ class DeviceKVCache:
     def num_blocks(self) -> int:
         return int(self.data.shape[2])
 
+    def check_window_inputs(self, batch: StepBatch) -> None:
+        """A step brings the window pool's tables and slots exactly when the cache has that pool: a scheduler bug
+        otherwise, which would read and write the sliding layers' K/V in the wrong pool."""
+        pool = bool(self.window_layers)
+        given = (batch.window_tables is not None, batch.window_slots is not None)
+        if given != (pool, pool) or (batch.window_block_copies and not pool):
+            raise BackendError(f"the KV cache {'has' if pool else 'has no'} window pool, but the step brings window "
+                               f"tables, slots and copies {given + (bool(batch.window_block_copies),)}")
+
+    def in_window_pool(self, layer: int) -> bool:
+        return layer in self.window_layers
+
     def keys(self, layer: int) -> Any:
-        return self.data[layer, 0]
+        return self._pool(layer)[self._slot[layer], 0]
 
     def values(self, layer: int) -> Any:
-        return self.data[layer, 1]
+        return self._pool(layer)[self._slot[layer], 1]
 
-    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy-on-write: block dst becomes a copy of block src in every layer (one transfer of the pairs)."""
-        if not pairs:
-            return
-        index = self.xp.asarray(np.array(pairs, dtype=np.int64).T)
-        self.data[:, :, index[1]] = self.data[:, :, index[0]]
+    def _pool(self, layer: int) -> Any:
+        return self.window_data if layer in self.window_layers else self.data
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]], window_pairs: Sequence[tuple[int, int]] = ()) -> None:
+        """Copy-on-write: block dst becomes a copy of block src, by `pairs` in every layer of the full pool, by
+        `window_pairs` in every layer of the window pool (one transfer of the pairs each)."""
+        if window_pairs and not self.window_layers:
+            raise ValueError("window block copies for a KV cache without a window pool")
+        for pool, moves in ((self.data, pairs), (self.window_data, window_pairs)):
+            if moves:
+                index = self.xp.asarray(np.array(moves, dtype=np.int64).T)
+                pool[:, :, index[1]] = pool[:, :, index[0]]

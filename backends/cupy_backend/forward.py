@@ -64,9 +64,11 @@ class Forward:
     def _attention(self, index: int, layer: DeviceLayer, h: Any, step: DeviceStep, cache: DeviceKVCache) -> Any:
         cfg, k_cache, v_cache = self.shape, cache.keys(index), cache.values(index)
         qkv = self._qkv(layer, h)
+        kv_step = step.in_window_pool() if cache.in_window_pool(index) else step  # its pool's tables and slots
         # Every K/V of the step is in the cache before any query reads it: a chunk attends to its own keys.
-        self.k.rope_and_cache(step, qkv, cfg, self.weights.rope_tables[cfg.layer_rope_base(index)], k_cache, v_cache)
-        out = self.k.attention(step, qkv, cfg, k_cache, v_cache, cfg.layer_window(index))
+        rope = self.weights.rope_tables[cfg.layer_rope_base(index)]
+        self.k.rope_and_cache(kv_step, qkv, cfg, rope, k_cache, v_cache)
+        out = self.k.attention(kv_step, qkv, cfg, k_cache, v_cache, cfg.layer_window(index))
         return self.proj.linear(out.reshape(step.num_tokens, cfg.q_size), layer.wo)
 
     def _qkv(self, layer: DeviceLayer, h: Any) -> Any:

@@ -376,5 +376,10 @@ def scenarios() -> dict[str, Scenario]:
     k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
     graphs = {"graphs-float32": graphs_scenario, "graphs-quant-bfloat16": quant_graphs_scenario,
               "graphs-gemma3-float32": gemma3_graphs_scenario}
+    from tests.cupy_backend import emu_window_scenarios as pool  # noqa: PLC0415 - it builds on this module
+
+    pooled = {"gemma3-window-pool-parts8-float32": lambda lib, path: pool.window_pool_scenario(lib, path, "float32", 8),
+              "gemma3-window-pool-bfloat16": lambda lib, path: pool.window_pool_scenario(lib, path, "bfloat16", 32),
+              "graphs-gemma3-window-pool-float32": pool.graphs_window_pool_scenario}
     return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "checkpoint-bfloat16": checkpoint_scenario,
-            "gpu-check-dry-run": gpu_check_dry_run, **graphs, **gemma3, **features}
+            "gpu-check-dry-run": gpu_check_dry_run, **graphs, **gemma3, **features, **pooled}

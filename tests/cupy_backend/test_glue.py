@@ -217,13 +217,23 @@ def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
         backend.execute(make_batch([seq], [[4]], 8))
 
 
-def test_a_window_pool_is_refused(tmp_path: Path) -> None:
-    """Its kv_geometry reports no window layers, so it is never given a pool of their own."""
+def test_a_window_pool_is_for_sliding_layers_only(tmp_path: Path) -> None:
+    """kv_geometry reports a model's sliding layers, which alone may have a pool of their own; a step must bring
+    that pool's tables and slots exactly when the cache has it."""
     model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))
     backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
     assert backend.kv_geometry.window_layers == 0
-    with pytest.raises(BackendError, match="window_blocks must be 0"):
+    with pytest.raises(BackendError, match="^a window pool of 8 blocks for a model without sliding layers$"):
         backend.init_cache(40, 8, window_blocks=8)
+    gemma = load_model(write_tiny_gemma3_d256(tmp_path / "gemma3.gguf"))
+    backend = CupyBackend(gemma.config, gemma.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    assert (backend.kv_geometry.window_layers, backend.kv_geometry.sliding_window) == (5, 16)
+    backend.init_cache(40, 8, window_blocks=12)
+    assert backend.cache.data.shape[:3] == (1, 2, 40) and backend.cache.window_data.shape[:3] == (5, 2, 12)
+    assert backend.cache.keys(5).shape[0] == 40 and backend.cache.keys(4).shape[0] == 12
+    seq = SeqState(blocks=[1, 2])
+    with pytest.raises(BackendError, match="has window pool, but the step brings"):
+        backend.execute(make_batch([seq], [[4, 5]], 8))
 
 
 @pytest.mark.parametrize("weights", ["gguf", "float32"])
