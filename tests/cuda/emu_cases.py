@@ -140,6 +140,10 @@ def _tsan_cases() -> dict[str, Case]:
             att.check_decode_partitioned, dt=FLOAT32, s=small, context_lens=(70, 9), partition_size=32
         ),
         "tsan-prefill": partial(att.check_prefill, dt=BFLOAT16, s=small, prefix_lens=(20, 0), query_lens=(18, 3)),
+        "tsan-decode-partitioned-window": partial(
+            att.check_decode_partitioned, dt=BFLOAT16, s=att.Shape(heads=6, kv_heads=2, window=21),
+            context_lens=(70, 9), partition_size=16
+        ),
         "tsan-prefill-window": partial(att.check_prefill, dt=FLOAT16, s=att.Shape(heads=6, kv_heads=2, window=9),
                                        prefix_lens=(20, 0), query_lens=(18, 3)),
     }
