@@ -116,11 +116,12 @@ class DeviceKVCache:
     def check_window_inputs(self, batch: StepBatch) -> None:
         """A step brings the window pool's tables and slots exactly when the cache has that pool: a scheduler bug
         otherwise, which would read and write the sliding layers' K/V in the wrong pool."""
-        pool = bool(self.window_layers)
-        given = (batch.window_tables is not None, batch.window_slots is not None)
-        if given != (pool, pool) or (batch.window_block_copies and not pool):
-            raise BackendError(f"the KV cache {'has' if pool else 'has no'} window pool, but the step brings window "
-                               f"tables, slots and copies {given + (bool(batch.window_block_copies),)}")
+        pool, copies = bool(self.window_layers), bool(batch.window_block_copies)
+        tables, slots = batch.window_tables is not None, batch.window_slots is not None
+        if (tables, slots) != (pool, pool) or (copies and not pool):
+            given = zip(("window_tables", "window_slots", "window_block_copies"), (tables, slots, copies), strict=True)
+            brings = ", ".join(name for name, there in given if there) or "no window tables or slots"
+            raise BackendError(f"the KV cache has {'a' if pool else 'no'} window pool, but the step brings {brings}")
 
     def in_window_pool(self, layer: int) -> bool:
         return layer in self.window_layers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -232,8 +233,13 @@ def test_a_window_pool_is_for_sliding_layers_only(tmp_path: Path) -> None:
     assert backend.cache.data.shape[:3] == (1, 2, 40) and backend.cache.window_data.shape[:3] == (5, 2, 12)
     assert backend.cache.keys(5).shape[0] == 40 and backend.cache.keys(4).shape[0] == 12
     seq = SeqState(blocks=[1, 2])
-    with pytest.raises(BackendError, match="has window pool, but the step brings"):
+    with pytest.raises(BackendError, match="^the KV cache has a window pool, but the step brings no window tables"):
         backend.execute(make_batch([seq], [[4, 5]], 8))
+    one = CupyBackend(gemma.config, gemma.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    one.init_cache(40, 8)
+    placed = replace(make_batch([SeqState(blocks=[1])], [[4]], 8), window_block_copies=((1, 2),))
+    with pytest.raises(BackendError, match="^the KV cache has no window pool, but the step brings window_block_copi"):
+        one.execute(placed)
 
 
 @pytest.mark.parametrize("weights", ["gguf", "float32"])
