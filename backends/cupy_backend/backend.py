@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What the forward computes beyond Llama's layer (ModelConfig.features' words): every feature the NumPy forward
+# computes. A model with any other is refused at start-up.
+SUPPORTED_FEATURES = frozenset({
+    "RoPE over head halves", "GeGLU", "scaled embeddings", "QK norm", "QKV biases",
+    "norms after attention and MLP", "sliding-window layers", "RoPE frequency factors",
+})
+
 
 class CupyBackend:
     name = "cupy"
@@ -73,7 +80,11 @@ class CupyBackend:
     @property
     def kv_geometry(self) -> KVGeometry:
         cfg = self.config
-        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.storage.itemsize)
+        return KVGeometry(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes=self.storage.itemsize,
+                          sliding_window=cfg.sliding_window, window_layers=len(self._sliding_layers()))
+
+    def _sliding_layers(self) -> list[int]:
+        return [i for i in range(self.config.num_layers) if self.config.layer_window(i) > 0]
 
     @property
     def cache(self) -> DeviceKVCache:
@@ -82,12 +93,13 @@ class CupyBackend:
         return self._cache
 
     def init_cache(self, num_blocks: int, block_size: int, window_blocks: int = 0) -> None:
-        if window_blocks > 0:  # kv_geometry reports no window layers: no pool of their own to size
-            raise BackendError("the cupy backend keeps every layer's KV in one pool: window_blocks must be 0")
-        geo = self.kv_geometry
+        """window_blocks > 0: the sliding layers' K/V in a pool of that many blocks of their own."""
+        geo, sliding = self.kv_geometry, self._sliding_layers()
+        if window_blocks > 0 and not sliding:
+            raise BackendError(f"a window pool of {window_blocks} blocks for a model without sliding layers")
         self._cache, self.graphs = None, None  # free the old cache (and graphs reading it) before the new one
         self._cache = DeviceKVCache(self.device.xp, self.storage, geo.num_layers, num_blocks, block_size,
-                                    geo.num_kv_heads, geo.head_dim)
+                                    geo.num_kv_heads, geo.head_dim, sliding, window_blocks)
         self.graphs = self._new_graphs(num_blocks, block_size)
 
     def _new_graphs(self, num_blocks: int, block_size: int) -> DecodeGraphs | None:
@@ -99,7 +111,8 @@ class CupyBackend:
             log.warning("device %s captures no CUDA graphs: decode steps run eagerly", self.device.name)
             return None
         max_blocks = min(num_blocks, -(-self.config.context_length // block_size))
-        graphs = DecodeGraphs(settings, self.device, self._forward_logits, max_blocks, block_size)
+        graphs = DecodeGraphs(settings, self.device, self._forward_logits, max_blocks, block_size,
+                              window_pool=bool(self.cache.window_layers))
         if settings.mode == "eager":
             graphs.capture_all()
         return graphs
@@ -112,8 +125,9 @@ class CupyBackend:
         """Runs the step's forward eagerly (writing its K/V); returns the (S, vocab) float32 device logits of
         batch.sample_rows, or None when there is nothing to sample or they are not wanted."""
         self._check_positions(batch)
+        self.cache.check_window_inputs(batch)  # before the copies: a refused step changes nothing
         step = upload_step(self.device.xp, batch)
-        self.cache.copy_blocks(batch.block_copies)
+        self.cache.copy_blocks(batch.block_copies, batch.window_block_copies)
         if step.num_tokens == 0:
             return None
         x, residual = self.forward.hidden_states(step, self.cache)
@@ -125,7 +139,8 @@ class CupyBackend:
         """device_logits through the bucket's decode graph (a step graphs.DecodeGraphs.bucket gave `bucket`)."""
         assert self.graphs is not None
         self._check_positions(batch)
-        self.cache.copy_blocks(batch.block_copies)
+        self.cache.check_window_inputs(batch)
+        self.cache.copy_blocks(batch.block_copies, batch.window_block_copies)
         return self.graphs.forward(batch, bucket)
 
     def _check_positions(self, batch: StepBatch) -> None:
@@ -172,12 +187,13 @@ class CupyBackend:
                           opt(r.top_logprobs))
 
 
-def _check_supported(config: ModelConfig) -> None:
-    """The kernels exist for a few head sizes and need whole 16-byte rows, and compute Llama's layer only: refuse
-    other models up front."""
-    if config.features:  # the family's (QKV biases, QK norm, ...) and the model's (Llama 3's RoPE factors)
+def _check_supported(config: ModelConfig, supported: frozenset[str] = SUPPORTED_FEATURES) -> None:
+    """The kernels exist for a few head sizes and need whole 16-byte rows, and compute the features in
+    `supported`: refuse other models up front, in one line."""
+    missing = [f for f in config.features if f not in supported]  # the family's and the model's own
+    if missing:
         raise BackendError(f"the cupy backend does not compute {config.architecture}'s "
-                           f"{', '.join(config.features)} ({config.name}); use --backend numpy")
+                           f"{', '.join(missing)} ({config.name}); use --backend numpy")
     if config.head_dim not in launch.HEAD_DIMS:
         raise BackendError(f"the cupy backend's attention kernels support head_dim {launch.HEAD_DIMS}, "
                            f"not {config.head_dim} ({config.name})")

@@ -58,12 +58,13 @@ def bucket_for(rows: int, sizes: tuple[int, ...]) -> int | None:
 
 
 def pure_decode(batch: StepBatch, max_blocks: int) -> bool:
-    """One new token per sequence, every sequence sampled at it, tables no wider than the graphs' and no
-    window pool: the steps a decode graph computes exactly."""
+    """One new token per sequence, every sequence sampled at it, tables (the window pool's too) no wider than
+    the graphs': the steps a decode graph computes exactly."""
     n = batch.num_seqs
-    if n == 0 or batch.num_tokens != n or batch.sampling is None or batch.window_tables is not None:
+    if n == 0 or batch.num_tokens != n or batch.sampling is None:
         return False
-    if batch.block_tables.shape[1] > max_blocks or not np.array_equal(batch.sample_rows, np.arange(n)):
+    widths = [t.shape[1] for t in (batch.block_tables, batch.window_tables) if t is not None]
+    if max(widths) > max_blocks or not np.array_equal(batch.sample_rows, np.arange(n)):
         return False
     return batch.sample_lag is None or not np.asarray(batch.sample_lag).any()
 
@@ -88,6 +89,7 @@ class DecodeGraphs:
     run_forward: Callable[[DeviceStep], Any]
     max_blocks: int
     block_size: int
+    window_pool: bool = False  # the cache has a window pool: every step brings its tables and slots
     graphs: dict[int, BucketGraph] = field(default_factory=dict)
 
     @property
@@ -141,7 +143,7 @@ class DecodeGraphs:
 
     def _capture(self, size: int) -> BucketGraph:
         graphs, xp = self._graphs(), self.device.xp
-        inputs = allocate_inputs(xp, size, self.max_blocks, self.block_size)
+        inputs = allocate_inputs(xp, size, self.max_blocks, self.block_size, self.window_pool)
         step, options = inputs.step, inputs.sampling
         warm = self.run_forward(step)  # warm-up, on padding: writes no KV
         self.device.launcher.call(sample_in_graph, xp, warm, *options)

@@ -14,13 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WARP_SIZE = 32
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 DTYPE_SUFFIXES = (("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16"))
 ATTENTION_THREADS = 128  # kThreads in paged_attention_decode.cu and paged_prefill_attention.cu
 DEFAULT_PARTITION_SIZE = 512
 PREFILL_Q_TILE = 16  # kQTile in paged_prefill_attention.cu
 PREFILL_K_TILE = 32  # kKTile
 ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
+# Dynamic shared memory a kernel gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize); the
+# prefill kernel's head_dim 256 layout needs more, which the launcher asks for.
+DEFAULT_SHARED_MEM = 48 * 1024
+ACTIVATIONS = ("silu", "gelu_tanh")  # Architecture.activation: the gated MLP kernels, <activation>_mul_<dtype>
+ROW_KERNELS = ("rope_and_cache", "rms_norm", "fused_add_rms_norm", "head_rms_norm",
+               *(f"{a}_mul" for a in ACTIVATIONS))
 # Weight blocks read as stored (kernels/quant_blocks.cuh, PS_FOR_EACH_QUANT): blocks of 32 weights, or the
 # K-quants' super-blocks of 256, so a row's width is a whole number of them.
 QUANT_TYPES = ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q2_k", "q3_k")
@@ -69,18 +75,23 @@ def _row_block(work: int) -> tuple[int, int, int]:
 def rope_and_cache(dtype: str, num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
                    rot_dim: int) -> Launch:
     """Args: positions (int32), q, k, v, k_cache, v_cache, slot_mapping (int64), cos_sin_cache (float,
-    (max_position, rot_dim)), rot_dim, num_heads, num_kv_heads, head_dim, q_stride, kv_stride. q rotated in
-    place; K rotated into the cache, V copied."""
+    (max_position, rot_dim)), rot_dim, num_heads, num_kv_heads, head_dim, q_stride, kv_stride, halves (1: NeoX's
+    pairs (i, i + rot_dim / 2); 0: interleaved). q rotated in place; K rotated into the cache, V copied."""
     if rot_dim % 2 or rot_dim > head_dim:
         raise ValueError(f"rot_dim {rot_dim} must be even and at most head_dim {head_dim}")
     if head_dim % (4 if dtype == "float32" else 8):  # V moves in 16-byte vectors
         raise ValueError(f"head_dim {head_dim} is not a whole number of 16-byte vectors")
     work = max(num_heads * (rot_dim // 2), num_kv_heads * head_dim)
-    return Launch(f"rope_and_cache_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(work), 0, "ppppppppiiiiii")
+    return Launch(f"rope_and_cache_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(work), 0, "ppppppppiiiiiii")
 
 
 def num_partitions(max_context_len: int, partition_size: int = DEFAULT_PARTITION_SIZE) -> int:
     return max(1, -(-max_context_len // partition_size))
+
+
+def attended_span(max_context_len: int, window: int) -> int:
+    """The most positions one query attends to: the context, or a sliding layer's window of it (window > 0)."""
+    return min(max_context_len, window) if window > 0 else max_context_len
 
 
 def use_partitioned_decode(
@@ -94,14 +105,15 @@ def use_partitioned_decode(
 
 def paged_attention_decode(dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int) -> Launch:
     """Args: out (seqs, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, scale (float),
-    num_kv_heads, max_blocks_per_seq, block_size, q_stride."""
+    num_kv_heads, max_blocks_per_seq, block_size, q_stride, window (0: the whole context; else a sliding layer's
+    last `window` positions, and none read before them)."""
     _check_gqa(num_heads, num_kv_heads)
     return Launch(
         _attention_name("paged_attention_decode", dtype, head_dim),
         (num_heads, num_seqs, 1),
         (ATTENTION_THREADS, 1, 1),
         0,
-        "ppppppfiiii",
+        "ppppppfiiiii",
     )
 
 
@@ -113,28 +125,32 @@ def paged_attention_decode_partitioned(
     num_kv_heads: int,
     max_context_len: int,
     partition_size: int = DEFAULT_PARTITION_SIZE,
+    window: int = 0,
 ) -> Launch:
     """Args: exp_sums, max_logits (float, (seqs, heads, partitions)), tmp_out (float, (seqs, heads,
     partitions, head_dim)), q, k_cache, v_cache, block_tables, context_lens, scale (float), num_kv_heads,
-    max_blocks_per_seq, block_size, q_stride, partition_size. Partitions = grid z = num_partitions()."""
+    max_blocks_per_seq, block_size, q_stride, partition_size, window. Partitions = grid z = num_partitions()
+    of the attended span: partition z starts z * partition_size after the window's first position."""
     _check_gqa(num_heads, num_kv_heads)
+    parts = num_partitions(attended_span(max_context_len, window), partition_size)
     return Launch(
         _attention_name("paged_attention_decode_partitioned", dtype, head_dim),
-        (num_heads, num_seqs, num_partitions(max_context_len, partition_size)),
+        (num_heads, num_seqs, parts),
         (ATTENTION_THREADS, 1, 1),
         0,
-        "ppppppppfiiiii",
+        "ppppppppfiiiiii",
     )
 
 
 def paged_attention_reduce(dtype: str, head_dim: int, num_seqs: int, num_heads: int) -> Launch:
-    """Args: out, exp_sums, max_logits, tmp_out, context_lens, max_partitions, partition_size."""
+    """Args: out, exp_sums, max_logits, tmp_out, context_lens, max_partitions, partition_size, window (the
+    decode kernel's)."""
     return Launch(
         _attention_name("paged_attention_reduce", dtype, head_dim),
         (num_heads, num_seqs, 1),
         (head_dim, 1, 1),
         0,
-        "pppppii",
+        "pppppiii",
     )
 
 
@@ -150,7 +166,8 @@ def paged_prefill_attention(
     dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int, max_query_len: int
 ) -> Launch:
     """Args: out (tokens, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, query_start
-    (seqs + 1), scale (float), num_kv_heads, max_blocks_per_seq, block_size, q_stride."""
+    (seqs + 1), scale (float), num_kv_heads, max_blocks_per_seq, block_size, q_stride, window (as the decode
+    kernel's, for each query's own position)."""
     _check_gqa(num_heads, num_kv_heads)
     q_tiles = max(1, -(-max_query_len // PREFILL_Q_TILE))
     return Launch(
@@ -158,7 +175,7 @@ def paged_prefill_attention(
         (num_heads, num_seqs, q_tiles),
         (ATTENTION_THREADS, 1, 1),
         prefill_shared_mem(head_dim),
-        "pppppppfiiii",
+        "pppppppfiiiii",
     )
 
 
@@ -172,9 +189,18 @@ def fused_add_rms_norm(dtype: str, num_tokens: int, hidden: int) -> Launch:
     return Launch(f"fused_add_rms_norm_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(hidden), 0, "ppppfi")
 
 
-def silu_mul(dtype: str, num_tokens: int, d: int) -> Launch:
-    """Args: out (tokens, d), input (tokens, 2 * d), d."""
-    return Launch(f"silu_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
+def head_rms_norm(dtype: str, num_tokens: int, num_heads: int, num_kv_heads: int) -> Launch:
+    """QK norm, in place. Args: qkv (tokens, stride), q_weight (head_dim,), k_weight (head_dim,), eps (float),
+    num_heads, head_dim, stride."""
+    return Launch(f"head_rms_norm_{suffix(dtype)}", (num_tokens, num_heads + num_kv_heads, 1), (WARP_SIZE, 1, 1),
+                  0, "pppfiii")
+
+
+def gated_activation(activation: str, dtype: str, num_tokens: int, d: int) -> Launch:
+    """act(gate) * up for an activation in ACTIVATIONS. Args: out (tokens, d), input (tokens, 2 * d), d."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"no kernel for activation {activation!r}; they exist for {ACTIVATIONS}")
+    return Launch(f"{activation}_mul_{suffix(dtype)}", (num_tokens, 1, 1), _row_block(d), 0, "ppi")
 
 
 def quant_row_multiple(qtype: str) -> int:
@@ -219,7 +245,7 @@ def all_kernel_names() -> tuple[str, ...]:
     """Every exported kernel symbol, for loading modules and for checking the sources export them all."""
     names: list[str] = []
     for dtype, short in DTYPE_SUFFIXES:
-        names += [f"{base}_{short}" for base in ("rope_and_cache", "rms_norm", "fused_add_rms_norm", "silu_mul")]
+        names += [f"{base}_{short}" for base in ROW_KERNELS]
         names += _quant_names(short)
         for head_dim in HEAD_DIMS:
             names += [

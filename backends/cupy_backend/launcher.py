@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from backends.cupy_backend.launch import Launch
+from backends.cupy_backend.launch import DEFAULT_SHARED_MEM, Launch
 
 # NVRTC failures are reported with the end of the compiler log: enough for the error, short enough to read.
 LOG_TAIL = 4000
@@ -63,7 +63,11 @@ class CupyLauncher:
         if len(args) != len(spec.arg_types):
             raise TypeError(f"{spec.name} takes {len(spec.arg_types)} arguments, got {len(args)}")
         converted = tuple(self._arg(code, value) for code, value in zip(spec.arg_types, args, strict=True))
-        self.kernel(spec.name)(spec.grid, spec.block, converted, shared_mem=spec.shared_mem)
+        kernel = self.kernel(spec.name)
+        if spec.shared_mem > DEFAULT_SHARED_MEM and kernel.max_dynamic_shared_size_bytes < spec.shared_mem:
+            # past the default 48 KiB a kernel must opt in (cudaFuncSetAttribute), once per kernel
+            kernel.max_dynamic_shared_size_bytes = spec.shared_mem
+        kernel(spec.grid, spec.block, converted, shared_mem=spec.shared_mem)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)

@@ -29,10 +29,12 @@ class Kernels:
     partition_size: int = launch.DEFAULT_PARTITION_SIZE
     split_decode: bool | None = None  # None: launch.use_partitioned_decode decides; benchmarks force either
 
-    def partitioned(self, step: DeviceStep, num_heads: int) -> bool:
+    def partitioned(self, step: DeviceStep, num_heads: int, window: int = 0) -> bool:
+        """Whether a decode step splits its contexts (a sliding layer's: its window of them) into partitions."""
         if self.split_decode is not None:
             return self.split_decode
-        return launch.use_partitioned_decode(step.max_context_len, step.num_seqs, num_heads, self.partition_size)
+        span = launch.attended_span(step.max_context_len, window)
+        return launch.use_partitioned_decode(span, step.num_seqs, num_heads, self.partition_size)
 
     @property
     def dtype(self) -> str:
@@ -52,36 +54,63 @@ class Kernels:
         self.launcher.launch(spec, [out, x, residual, weight, eps, hidden])
         return out
 
-    def silu_mul(self, gate_up: Any) -> Any:
+    def gated_activation(self, gate_up: Any, activation: str) -> Any:
+        """act(gate) * up of rows [gate | up], act the architecture's `activation`."""
         tokens, width = gate_up.shape
         out = self.xp.empty((tokens, width // 2), dtype=gate_up.dtype)
-        self.launcher.launch(launch.silu_mul(self.dtype, tokens, width // 2), [out, gate_up, width // 2])
+        spec = launch.gated_activation(activation, self.dtype, tokens, width // 2)
+        self.launcher.launch(spec, [out, gate_up, width // 2])
         return out
+
+    def head_rms_norm(self, qkv: Any, q_weight: Any, k_weight: Any, eps: float, shape: ModelConfig) -> None:
+        """QK norm: every Q and K head inside the fused QKV rows normalised in place."""
+        spec = launch.head_rms_norm(self.dtype, qkv.shape[0], shape.num_heads, shape.num_kv_heads)
+        args = [qkv, q_weight, k_weight, eps, shape.num_heads, shape.head_dim, shape.qkv_width]
+        self.launcher.launch(spec, args)
+
+    def scale(self, x: Any, factor: float) -> Any:
+        """x times factor, in float32, rounded once to the storage dtype (Gemma's embedding scale)."""
+        return self.launcher.call(self._scaled, x, factor)
+
+    def add_bias(self, x: Any, bias: Any) -> Any:
+        """x (rows, n) plus bias (n,), in float32, rounded once to the storage dtype (Qwen2's QKV biases)."""
+        return self.launcher.call(self._biased, x, bias)
+
+    def _scaled(self, x: Any, factor: float) -> Any:
+        return self.storage.encode(self.xp, self.storage.decode(self.xp, x) * self.xp.float32(factor))
+
+    def _biased(self, x: Any, bias: Any) -> Any:
+        xp, storage = self.xp, self.storage
+        return storage.encode(xp, storage.decode(xp, x) + storage.decode(xp, bias))
 
     def rope_and_cache(self, step: DeviceStep, qkv: Any, shape: ModelConfig, cos_sin_cache: Any, k_cache: Any,
                        v_cache: Any) -> None:
         """Rotates q inside the fused QKV rows in place, and writes each token's K (rotated) and V into its
-        cache slot."""
+        cache slot; pairs as the architecture's rope_pairs says."""
         rot_dim, width = int(cos_sin_cache.shape[1]), shape.qkv_width
         spec = launch.rope_and_cache(self.dtype, step.num_tokens, shape.num_heads, shape.num_kv_heads,
                                      shape.head_dim, rot_dim)
         rows = [flat_from(qkv, 0), flat_from(qkv, shape.q_size), flat_from(qkv, shape.q_size + shape.kv_size)]
         args = [step.positions, *rows, k_cache, v_cache, step.slot_mapping, cos_sin_cache, rot_dim]
-        self.launcher.launch(spec, [*args, shape.num_heads, shape.num_kv_heads, shape.head_dim, width, width])
+        sizes = [shape.num_heads, shape.num_kv_heads, shape.head_dim, width, width]
+        self.launcher.launch(spec, [*args, *sizes, int(shape.arch.rope_pairs == "halves")])
 
-    def attention(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any, v_cache: Any) -> Any:
+    def attention(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any, v_cache: Any,
+                  window: int = 0) -> Any:
         """(T, heads, head_dim) attention output of every query row, over the cache (already holding this
-        step's K/V). Decode-only steps use the decode kernel, split into partitions for long contexts; a step
-        with any prefill chunk runs the prefill kernel over the whole batch (decode rows are 1-token chunks)."""
+        step's K/V); window > 0: a sliding layer's, over the last `window` positions. Decode-only steps use the
+        decode kernel, split into partitions for long spans; a step with any prefill chunk runs the prefill
+        kernel over the whole batch (decode rows are 1-token chunks)."""
         out = self.xp.empty((step.num_tokens, shape.num_heads, shape.head_dim), dtype=qkv.dtype)
+        args = self._attention_args(step, qkv, shape, k_cache, v_cache)
         if not step.decode_only:
-            self._prefill(out, step, qkv, shape, k_cache, v_cache)
-        elif self.partitioned(step, shape.num_heads):
-            self._decode_partitioned(out, step, qkv, shape, k_cache, v_cache)
+            self._prefill(out, step, shape, args, window)
+        elif self.partitioned(step, shape.num_heads, window):
+            self._decode_partitioned(out, step, shape, args, window)
         else:
             spec = launch.paged_attention_decode(self.dtype, shape.head_dim, step.num_seqs, shape.num_heads,
                                                  shape.num_kv_heads)
-            self.launcher.launch(spec, [out, *self._attention_args(step, qkv, shape, k_cache, v_cache)])
+            self.launcher.launch(spec, [out, *args, window])
         return out
 
     def _attention_args(self, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
@@ -92,23 +121,21 @@ class Kernels:
         head = [flat_from(qkv, 0), k_cache, v_cache, *tables, scale, shape.num_kv_heads, step.max_blocks]
         return [*head, int(k_cache.shape[1]), shape.qkv_width]
 
-    def _prefill(self, out: Any, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
-                 v_cache: Any) -> None:
+    def _prefill(self, out: Any, step: DeviceStep, shape: ModelConfig, args: list[Any], window: int) -> None:
         spec = launch.paged_prefill_attention(self.dtype, shape.head_dim, step.num_seqs, shape.num_heads,
                                               shape.num_kv_heads, step.max_query_len)
-        q, k, v, tables, lens, *rest = self._attention_args(step, qkv, shape, k_cache, v_cache)
-        self.launcher.launch(spec, [out, q, k, v, tables, lens, step.query_start, *rest])
+        q, k, v, tables, lens, *rest = args
+        self.launcher.launch(spec, [out, q, k, v, tables, lens, step.query_start, *rest, window])
 
-    def _decode_partitioned(self, out: Any, step: DeviceStep, qkv: Any, shape: ModelConfig, k_cache: Any,
-                            v_cache: Any) -> None:
+    def _decode_partitioned(self, out: Any, step: DeviceStep, shape: ModelConfig, args: list[Any],
+                            window: int) -> None:
         seqs, heads, size = step.num_seqs, shape.num_heads, self.partition_size
         spec = launch.paged_attention_decode_partitioned(self.dtype, shape.head_dim, seqs, heads,
-                                                         shape.num_kv_heads, step.max_context_len, size)
+                                                         shape.num_kv_heads, step.max_context_len, size, window)
         parts = spec.grid[2]
         exp_sums = self.xp.empty((seqs, heads, parts), dtype=self.xp.float32)
         max_logits = self.xp.empty((seqs, heads, parts), dtype=self.xp.float32)
         tmp_out = self.xp.empty((seqs, heads, parts, shape.head_dim), dtype=self.xp.float32)
-        args = self._attention_args(step, qkv, shape, k_cache, v_cache)
-        self.launcher.launch(spec, [exp_sums, max_logits, tmp_out, *args, size])
+        self.launcher.launch(spec, [exp_sums, max_logits, tmp_out, *args, size, window])
         reduce = launch.paged_attention_reduce(self.dtype, shape.head_dim, seqs, heads)
-        self.launcher.launch(reduce, [out, exp_sums, max_logits, tmp_out, step.context_lens, parts, size])
+        self.launcher.launch(reduce, [out, exp_sums, max_logits, tmp_out, step.context_lens, parts, size, window])

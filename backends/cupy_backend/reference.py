@@ -4,11 +4,14 @@ Plain float64 math on float arrays (callers widen float16 / bfloat16 storage fir
 in-place kernels (rope_and_cache: `rope` of q and of k, then `reshape_and_cache` of the rotated k and of v;
 fused_add_rms_norm's residual) are described by what their outputs must equal. Shapes: K/V caches (num_blocks,
 block_size, num_kv_heads, head_dim); q (tokens, num_heads, head_dim); block_tables (seqs, max_blocks) int;
-context_lens (seqs,) counting this step's tokens. The dequantizing kernels' reference is gguf's own NumPy
+context_lens (seqs,) counting this step's tokens; `window` > 0: a sliding layer's, each query attending to the last
+`window` positions up to its own (0: the whole context). The dequantizing kernels' reference is gguf's own NumPy
 dequantization (QuantMatrix.dequantize) followed by `linear`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +34,14 @@ def reshape_and_cache(
     return out[0], out[1]
 
 
-def gather_context(cache: Floats, block_table_row: Ints, context_len: int) -> F64:
-    """Positions 0..context_len-1 of one sequence, (context_len, kv_heads, head_dim)."""
-    pos = np.arange(context_len)
+def window_start(last: int, window: int) -> int:
+    """The first position a query at position `last` sees."""
+    return max(0, last + 1 - window) if window > 0 else 0
+
+
+def gather_context(cache: Floats, block_table_row: Ints, context_len: int, start: int = 0) -> F64:
+    """Positions start..context_len-1 of one sequence, (context_len - start, kv_heads, head_dim)."""
+    pos = np.arange(start, context_len)
     block_size = cache.shape[1]
     return np.asarray(cache[block_table_row[pos // block_size], pos % block_size], dtype=np.float64)
 
@@ -51,15 +59,17 @@ def _attend(q: Floats, keys: F64, values: F64, visible: npt.NDArray[np.bool_], s
 
 
 def paged_attention_decode(
-    q: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints, context_lens: Ints, scale: float
+    q: Floats, k_cache: Floats, v_cache: Floats, block_tables: Ints, context_lens: Ints, scale: float,
+    window: int = 0,
 ) -> F64:
-    """One query per sequence, q (seqs, heads, d), over its whole context. Empty context: zeros."""
+    """One query per sequence, q (seqs, heads, d), over its context (or window). Empty context: zeros."""
     out = np.zeros(q.shape, dtype=np.float64)
-    for b, ctx in enumerate(context_lens):
+    for b, ctx in enumerate(int(c) for c in context_lens):
         if ctx > 0:
-            keys = gather_context(k_cache, block_tables[b], int(ctx))
-            values = gather_context(v_cache, block_tables[b], int(ctx))
-            out[b] = _attend(q[b : b + 1], keys, values, np.ones((1, int(ctx)), bool), scale)[0]
+            lo = window_start(ctx - 1, window)
+            keys = gather_context(k_cache, block_tables[b], ctx, lo)
+            values = gather_context(v_cache, block_tables[b], ctx, lo)
+            out[b] = _attend(q[b : b + 1], keys, values, np.ones((1, ctx - lo), bool), scale)[0]
     return out
 
 
@@ -72,19 +82,21 @@ def paged_attention_partials(
     scale: float,
     partition_size: int,
     max_partitions: int,
+    window: int = 0,
 ) -> tuple[F64, F64, F64]:
     """(exp_sums, max_logits, tmp_out) of the partitioned decode kernel: per (seq, head, partition) the max
-    score, sum of exp(score - max) and normalised output over that partition's positions. Partitions past a
-    sequence's context are left 0 (the kernel leaves them unwritten)."""
+    score, sum of exp(score - max) and normalised output over that partition's positions, partitions counted
+    from the window's first position. Partitions past a sequence's context are left 0 (the kernel leaves them
+    unwritten)."""
     seqs, heads, d = q.shape
     exp_sums = np.zeros((seqs, heads, max_partitions))
     max_logits = np.zeros((seqs, heads, max_partitions))
     tmp_out = np.zeros((seqs, heads, max_partitions, d))
     for b, ctx in enumerate(int(c) for c in context_lens):
-        group = heads // k_cache.shape[2]
-        keys = np.repeat(gather_context(k_cache, block_tables[b], ctx), group, axis=1)
-        values = np.repeat(gather_context(v_cache, block_tables[b], ctx), group, axis=1)
-        for p, start in enumerate(range(0, ctx, partition_size)):
+        group, lo = heads // k_cache.shape[2], window_start(ctx - 1, window)
+        keys = np.repeat(gather_context(k_cache, block_tables[b], ctx, lo), group, axis=1)
+        values = np.repeat(gather_context(v_cache, block_tables[b], ctx, lo), group, axis=1)
+        for p, start in enumerate(range(0, ctx - lo, partition_size)):
             k, v = keys[start : start + partition_size], values[start : start + partition_size]
             scores = np.einsum("hd,chd->hc", np.asarray(q[b], dtype=np.float64), k) * scale
             max_logits[b, :, p] = scores.max(axis=1)
@@ -95,13 +107,14 @@ def paged_attention_partials(
 
 
 def paged_attention_reduce(
-    exp_sums: Floats, max_logits: Floats, tmp_out: Floats, context_lens: Ints, partition_size: int
+    exp_sums: Floats, max_logits: Floats, tmp_out: Floats, context_lens: Ints, partition_size: int,
+    window: int = 0,
 ) -> F64:
-    """Merges partials into (seqs, heads, d), reading only the partitions that cover each context."""
+    """Merges partials into (seqs, heads, d), reading only the partitions that cover each context's window."""
     seqs, heads, _, d = tmp_out.shape
     out = np.zeros((seqs, heads, d))
     for b, ctx in enumerate(int(c) for c in context_lens):
-        n = -(-ctx // partition_size)
+        n = -(-(ctx - window_start(ctx - 1, window)) // partition_size)
         if n == 0:
             continue
         m = np.asarray(max_logits[b, :, :n], dtype=np.float64)
@@ -118,18 +131,23 @@ def paged_prefill_attention(
     context_lens: Ints,
     query_start: Ints,
     scale: float,
+    window: int = 0,
 ) -> F64:
     """Flattened chunks q (tokens, heads, d): seq b's rows query_start[b]:query_start[b+1] are the last q_len
-    positions of its context; row j (position ctx - q_len + j) sees positions 0..ctx - q_len + j."""
+    positions of its context; row j (position p = ctx - q_len + j) sees positions window_start(p)..p. Nothing
+    before the first row's window is read."""
     out = np.zeros(q.shape, dtype=np.float64)
     for b, ctx in enumerate(int(c) for c in context_lens):
         lo, hi = int(query_start[b]), int(query_start[b + 1])
         if hi == lo:
             continue
         positions = ctx - (hi - lo) + np.arange(hi - lo)
-        visible = np.arange(ctx)[None, :] <= positions[:, None]
-        keys = gather_context(k_cache, block_tables[b], ctx)
-        values = gather_context(v_cache, block_tables[b], ctx)
+        first = window_start(int(positions[0]), window)
+        keys_at = np.arange(first, ctx)[None, :]
+        starts = np.array([window_start(int(p), window) for p in positions])
+        visible = (keys_at <= positions[:, None]) & (keys_at >= starts[:, None])
+        keys = gather_context(k_cache, block_tables[b], ctx, first)
+        values = gather_context(v_cache, block_tables[b], ctx, first)
         out[lo:hi] = _attend(q[lo:hi], keys, values, visible, scale)
     return out
 
@@ -146,24 +164,31 @@ def fused_add_rms_norm(x: Floats, residual: Floats, weight: Floats, eps: float) 
     return rms_norm(total, weight, eps), total
 
 
-def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float) -> npt.NDArray[np.float32]:
+def rope_cos_sin_cache(max_position: int, rot_dim: int, theta: float,
+                       factors: Sequence[float] = ()) -> npt.NDArray[np.float32]:
     """(max_position, rot_dim) float32: row p is cos(p * f_i) for i < rot_dim / 2, then sin(p * f_i), with
-    f_i = theta ** (-2 i / rot_dim). Angles in float64, so large positions stay exact."""
+    f_i = theta ** (-2 i / rot_dim) / factors[i] (Llama 3's RoPE scaling; no factors: 1). Angles in float64, so
+    large positions stay exact."""
     freqs = theta ** (-np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    if len(factors):
+        freqs = freqs / np.asarray(factors, dtype=np.float64)
     angles = np.arange(max_position, dtype=np.float64)[:, None] * freqs[None, :]
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
 
 
-def rope(positions: Ints, x: Floats, cos_sin_cache: Floats) -> F64:
-    """x (tokens, heads, head_dim) with the interleaved pairs (2i, 2i+1), i < rot_dim / 2, rotated by the
-    angle of pair i at the token's position; the rest of each head unchanged. Apply to q and to k."""
+def rope(positions: Ints, x: Floats, cos_sin_cache: Floats, halves: bool = False) -> F64:
+    """x (tokens, heads, head_dim) with pair i < rot_dim / 2 rotated by its angle at the token's position: the
+    interleaved pairs (2i, 2i+1), or with `halves` NeoX's (i, i + rot_dim / 2); the rest of each head unchanged.
+    Apply to q and to k."""
     rot_dim = cos_sin_cache.shape[1]
     out = np.array(x, dtype=np.float64)
     cs = np.asarray(cos_sin_cache[positions], dtype=np.float64)[:, None, :]
     cos, sin = cs[..., : rot_dim // 2], cs[..., rot_dim // 2 :]
-    x0, x1 = out[..., 0:rot_dim:2].copy(), out[..., 1:rot_dim:2].copy()
-    out[..., 0:rot_dim:2] = x0 * cos - x1 * sin
-    out[..., 1:rot_dim:2] = x0 * sin + x1 * cos
+    first, second = (slice(0, rot_dim // 2), slice(rot_dim // 2, rot_dim)) if halves else (
+        slice(0, rot_dim, 2), slice(1, rot_dim, 2))
+    x0, x1 = out[..., first].copy(), out[..., second].copy()
+    out[..., first] = x0 * cos - x1 * sin
+    out[..., second] = x0 * sin + x1 * cos
     return out
 
 
@@ -184,6 +209,18 @@ def silu_mul(x: Floats) -> F64:
     x64 = np.asarray(x, dtype=np.float64)
     gate, up = np.split(x64, 2, axis=-1)
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def gelu_tanh_mul(x: Floats) -> F64:
+    """Rows [gate | up] of width 2F -> gelu_tanh(gate) * up, width F (GELU's tanh approximation)."""
+    gate, up = np.split(np.asarray(x, dtype=np.float64), 2, axis=-1)
+    return 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate**3))) * up
+
+
+def head_rms_norm(qk: Floats, q_weight: Floats, k_weight: Floats, num_heads: int, eps: float) -> F64:
+    """QK norm: qk (tokens, heads + kv_heads, head_dim), each head normalised with the Q or the K weight."""
+    weights = np.where((np.arange(qk.shape[1]) < num_heads)[:, None], q_weight, k_weight)
+    return rms_norm(qk, weights, eps)
 
 
 def linear(x: Floats, w: Floats) -> F64:

@@ -39,6 +39,8 @@ class DeviceStep:
     num_seqs: int
     max_query_len: int
     max_context_len: int
+    window_tables: Any = None  # (B, W) int32: the window pool's tables, where the cache has one
+    window_slots: Any = None  # (T,) int64: the window pool's slots
 
     @property
     def decode_only(self) -> bool:
@@ -48,6 +50,11 @@ class DeviceStep:
     @property
     def max_blocks(self) -> int:
         return int(self.block_tables.shape[1])
+
+    def in_window_pool(self) -> DeviceStep:
+        """The step as a layer in the window pool reads it: that pool's tables and slots."""
+        assert self.window_tables is not None and self.window_slots is not None
+        return replace(self, block_tables=self.window_tables, slot_mapping=self.window_slots)
 
 
 def upload_step(xp: Any, batch: StepBatch) -> DeviceStep:
@@ -60,10 +67,12 @@ def upload_step(xp: Any, batch: StepBatch) -> DeviceStep:
             "query_start": batch.query_start,
             "context_lens": batch.context_lens,
             "block_tables": batch.block_tables,
+            **({} if batch.window_tables is None else {"window_tables": batch.window_tables}),
         },
         np.int32,
     )
-    longs = upload(xp, {"slot_mapping": batch.slot_mapping, "sample_rows": last_rows}, np.int64)
+    window_slots = {} if batch.window_slots is None else {"window_slots": batch.window_slots}
+    longs = upload(xp, {"slot_mapping": batch.slot_mapping, "sample_rows": last_rows, **window_slots}, np.int64)
     q_lens = np.diff(batch.query_start)
     return DeviceStep(
         **ints,

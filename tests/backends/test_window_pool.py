@@ -22,6 +22,7 @@ from backends.numpy_backend.kv_cache import PagedKVCache
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.kernels import NativeAttention
 from tests.backends.tiny_gguf import GEMMA3_SHAPE, write_tiny_gemma3, write_tiny_llama
+from tests.backends.window_pool import WindowPool
 
 pytestmark = pytest.mark.usefixtures("c_compiler")  # CI=true: a missing compiler fails, elsewhere skips
 
@@ -39,41 +40,6 @@ SLIDING = [0, 1, 2, 3, 4, 6]  # of the 7 layers, the sixth is global
 def gemma3(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     """7 layers (the sixth global), window 8, 4 query heads of 32 over 1 kv head, hidden 64."""
     return load_model(write_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "tiny-gemma3.gguf"))
-
-
-def window_first(position: int) -> int:
-    return max(0, position - WINDOW + 1)
-
-
-class WindowPool:
-    """The window pool's blocks as the KV pool keeps them: drawn in shuffled order; given back once wholly before
-    the first position a sequence's step attends to (-1 in its table from then on), and drawn again by others."""
-
-    def __init__(self, blocks: int, seed: int = 0) -> None:
-        self.free = [int(b) for b in np.random.default_rng(seed).permutation(blocks)]
-        self.blocks: dict[int, dict[int, int]] = {}  # sequence -> logical block -> window pool block
-        self.gave_back = 0
-
-    def place(self, batch: StepBatch) -> StepBatch:
-        """batch with its window tables (a block wider than its block tables) and slots."""
-        for b, seq in enumerate(batch.seq_ids):
-            first = window_first(int(batch.positions[batch.query_start[b]]))
-            self._give_back(self.blocks.setdefault(seq, {}), first)
-            for i in range(first // BLOCK, -(-int(batch.context_lens[b]) // BLOCK)):
-                if i not in self.blocks[seq]:
-                    self.blocks[seq][i] = self.free.pop()
-        tables = np.zeros((batch.num_seqs, batch.block_tables.shape[1] + 1), np.int32)
-        for b, seq in enumerate(batch.seq_ids):
-            n = -(-int(batch.context_lens[b]) // BLOCK)
-            tables[b, :n] = [self.blocks[seq].get(i, -1) for i in range(n)]
-        rows = np.repeat(np.arange(batch.num_seqs), np.diff(batch.query_start))
-        slots = tables[rows, batch.positions // BLOCK].astype(np.int64) * BLOCK + batch.positions % BLOCK
-        return replace(batch, window_tables=tables, window_slots=slots)
-
-    def _give_back(self, blocks: dict[int, int], first: int) -> None:
-        for i in [i for i in blocks if (i + 1) * BLOCK <= first]:
-            self.free.append(blocks.pop(i))
-            self.gave_back += 1
 
 
 def backend(model: LoadedModel, kernels: str, window_blocks: int = 0, tier: CpuTier | None = None,
@@ -98,7 +64,7 @@ def assert_same_steps(model: LoadedModel, kernels: str, monkeypatch: pytest.Monk
     one = backend(model, kernels, tier=tier, kv_cache_dtype=kv_cache_dtype)
     pooled = backend(model, kernels, WINDOW_BLOCKS, tier, kv_cache_dtype)
     fused_rows = fused_calls(pooled, monkeypatch)
-    rng, pool = np.random.default_rng(1), WindowPool(WINDOW_BLOCKS)
+    rng, pool = np.random.default_rng(1), WindowPool(WINDOW_BLOCKS, BLOCK, WINDOW)
     order = [int(b) for b in rng.permutation(FULL_BLOCKS)]
     seqs = [SeqState(blocks=order[16 * i : 16 * (i + 1)]) for i in range(3)]
     minus_ones = 0

@@ -59,6 +59,7 @@ class TinyShape:
     weight_scale: float = 0.2
     head_size: int = 0  # 0: hidden / heads
     sliding_window: int = 0  # the sliding layers' (architectures with them)
+    embedding_std: float = 0.5  # of the random embedding (Gemma's is scaled by sqrt(hidden) on the way in)
 
     @property
     def head_dim(self) -> int:
@@ -72,15 +73,16 @@ GEMMA3_SHAPE = TinyShape(layers=7, heads=4, kv_heads=1, head_size=32, sliding_wi
 
 def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, seed: int = 0,
                      shape: TinyShape = TinyShape(), types: dict[str, Q] | None = None,
-                     vocab: Vocab = TINY_VOCAB) -> Path:
+                     vocab: Vocab = TINY_VOCAB, extra: dict[str, np.ndarray] | None = None) -> Path:
     """Random weights (matrices stored as `weight_type`, or as `types` names them by tensor name; norms near 1)
-    over `vocab` (a 32-token vocabulary unless given)."""
+    over `vocab` (a 32-token vocabulary unless given); `extra`: more float32 tensors by name (biases,
+    rope_freqs)."""
     types = types or {}
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     _metadata(writer, shape, vocab)
     hidden, ffn, kv, q = shape.hidden, shape.ffn, shape.kv_heads * shape.head_dim, shape.heads * shape.head_dim
-    _tensor(writer, "token_embd.weight", rng.normal(0, 0.5, (len(vocab.tokens), hidden)),
+    _tensor(writer, "token_embd.weight", rng.normal(0, shape.embedding_std, (len(vocab.tokens), hidden)),
             types.get("token_embd.weight", weight_type))
     _tensor(writer, "output_norm.weight", np.ones(hidden), Q.F32)
     for i in range(shape.layers):
@@ -91,6 +93,8 @@ def write_tiny_llama(path: Path, arch: str = "llama", weight_type: Q = Q.Q8_0, s
             _tensor(writer, tensor, rng.normal(0, shape.weight_scale, dims), types.get(tensor, weight_type))
         for name, width in _norms(arch, shape):
             _tensor(writer, f"blk.{i}.{name}.weight", 1 + rng.normal(0, 0.1, width), Q.F32)
+    for name, values in (extra or {}).items():
+        _tensor(writer, name, values, Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

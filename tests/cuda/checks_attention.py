@@ -1,5 +1,6 @@
 """Emulated attention kernels against the NumPy reference: decode (plain and partitioned + reduce) and
-chunked prefill, over shuffled block tables with NaN everywhere a kernel must not read."""
+chunked prefill, over shuffled block tables with NaN everywhere a kernel must not read; with a window (a sliding
+layer's), also at every position before the window and in the blocks wholly before it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ class Shape:
     kv_heads: int
     head_dim: int = 64
     block_size: int = 16
+    window: int = 0  # > 0: a sliding layer's
+
+
+def _decode_unread(s: Shape, context_lens: Sequence[int]) -> list[int]:
+    """Each sequence's first position its decode query sees: nothing before it may be read."""
+    return [reference.window_start(c - 1, s.window) for c in context_lens]
 
 
 def _q_views(rng: np.random.Generator, dt: DType, tokens: int, s: Shape) -> tuple[np.ndarray, np.ndarray, int]:
@@ -39,52 +46,55 @@ def _kv_args(kv: PagedKV) -> list[Arg]:
 
 def check_decode(lib: EmuLib, dt: DType, s: Shape, context_lens: Sequence[int], seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
-    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size)
+    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size, _decode_unread(s, context_lens))
     seqs = len(context_lens)
     qkv, q, q_stride = _q_views(rng, dt, seqs, s)
     scale = 1.0 / math.sqrt(s.head_dim)
     out = nan_like(dt, (seqs, s.heads, s.head_dim))
     spec = launch.paged_attention_decode(dt.name, s.head_dim, seqs, s.heads, s.kv_heads)
-    lib.launch(spec, [out, qkv, *_kv_args(kv), scale, s.kv_heads, kv.max_blocks, s.block_size, q_stride])
-    expected = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale)
-    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, spec.name)
+    lib.launch(spec, [out, qkv, *_kv_args(kv), scale, s.kv_heads, kv.max_blocks, s.block_size, q_stride, s.window])
+    expected = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale,
+                                                s.window)
+    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, f"{spec.name} window {s.window}")
 
 
 def check_decode_partitioned(
     lib: EmuLib, dt: DType, s: Shape, context_lens: Sequence[int], partition_size: int, seed: int = 0
 ) -> None:
     rng = np.random.default_rng(seed)
-    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size)
+    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size, _decode_unread(s, context_lens))
     seqs = len(context_lens)
     qkv, q, q_stride = _q_views(rng, dt, seqs, s)
     scale = 1.0 / math.sqrt(s.head_dim)
     spec = launch.paged_attention_decode_partitioned(
-        dt.name, s.head_dim, seqs, s.heads, s.kv_heads, max(context_lens), partition_size
+        dt.name, s.head_dim, seqs, s.heads, s.kv_heads, max(context_lens), partition_size, s.window
     )
     parts = spec.grid[2]
     assert parts >= 2, "a partitioned case must span several partitions"
     exp_sums, max_logits = (np.full((seqs, s.heads, parts), np.nan, np.float32) for _ in range(2))
     tmp_out = np.full((seqs, s.heads, parts, s.head_dim), np.nan, np.float32)
     args: list[Arg] = [exp_sums, max_logits, tmp_out, qkv, *_kv_args(kv), scale, s.kv_heads, kv.max_blocks]
-    lib.launch(spec, [*args, s.block_size, q_stride, partition_size])
-    _check_partials(kv, q, scale, partition_size, (exp_sums, max_logits, tmp_out), spec.name)
+    lib.launch(spec, [*args, s.block_size, q_stride, partition_size, s.window])
+    _check_partials(kv, q, scale, partition_size, (exp_sums, max_logits, tmp_out), spec.name, s.window)
 
     out = nan_like(dt, (seqs, s.heads, s.head_dim))
     reduce = launch.paged_attention_reduce(dt.name, s.head_dim, seqs, s.heads)
-    lib.launch(reduce, [out, exp_sums, max_logits, tmp_out, kv.context_lens, parts, partition_size])
-    expected = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale)
-    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, reduce.name)
+    lib.launch(reduce, [out, exp_sums, max_logits, tmp_out, kv.context_lens, parts, partition_size, s.window])
+    expected = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale,
+                                                s.window)
+    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, f"{reduce.name} window {s.window}")
 
 
 def _check_partials(
-    kv: PagedKV, q: np.ndarray, scale: float, partition_size: int, got: tuple[np.ndarray, ...], name: str
+    kv: PagedKV, q: np.ndarray, scale: float, partition_size: int, got: tuple[np.ndarray, ...], name: str,
+    window: int,
 ) -> None:
     parts = got[0].shape[2]
     want = reference.paged_attention_partials(
-        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale, partition_size, parts
+        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale, partition_size, parts, window
     )
-    for b, ctx in enumerate(kv.context_lens):
-        n = -(-int(ctx) // partition_size)  # partitions past the context stay unwritten
+    for b, ctx in enumerate(int(c) for c in kv.context_lens):
+        n = -(-(ctx - reference.window_start(ctx - 1, window)) // partition_size)  # later ones stay unwritten
         for label, g, w in zip(("exp_sums", "max_logits", "tmp_out"), got, want, strict=True):
             assert_close(g[b, :, :n].astype(np.float64), w[b, :, :n], PARTIAL_ATOL, PARTIAL_RTOL, f"{name} {label}")
 
@@ -95,7 +105,8 @@ def check_prefill(
     """Chunks of query_lens[b] new tokens after prefix_lens[b] cached ones (their K/V already cached)."""
     rng = np.random.default_rng(seed)
     context_lens = [p + n for p, n in zip(prefix_lens, query_lens, strict=True)]
-    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size)
+    unread = [reference.window_start(p, s.window) for p in prefix_lens]  # the first query's window
+    kv = make_paged_kv(rng, dt, context_lens, s.kv_heads, s.head_dim, s.block_size, unread)
     query_start = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     tokens = int(query_start[-1])
     qkv, q, q_stride = _q_views(rng, dt, tokens, s)
@@ -103,8 +114,8 @@ def check_prefill(
     out = nan_like(dt, (tokens, s.heads, s.head_dim))
     spec = launch.paged_prefill_attention(dt.name, s.head_dim, len(query_lens), s.heads, s.kv_heads, max(query_lens))
     args: list[Arg] = [out, qkv, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, query_start, scale]
-    lib.launch(spec, [*args, s.kv_heads, kv.max_blocks, s.block_size, q_stride])
+    lib.launch(spec, [*args, s.kv_heads, kv.max_blocks, s.block_size, q_stride, s.window])
     expected = reference.paged_prefill_attention(
-        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, query_start, scale
+        q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, query_start, scale, s.window
     )
-    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, spec.name)
+    assert_close(dt.decode(out), expected, dt.atol, dt.rtol, f"{spec.name} window {s.window}")

@@ -1,5 +1,6 @@
-"""Emulated per-token kernels against the NumPy reference: RMSNorm (plain and fused with the residual add), RoPE
-fused with the KV cache write, and SiLU-multiply."""
+"""Emulated per-token kernels against the NumPy reference: RMSNorm (plain, fused with the residual add, and per
+Q / K head inside the fused QKV rows), RoPE (interleaved and halves pairs) fused with the KV cache write, and the
+gated activations (SiLU and GELU-tanh times up)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,30 @@ def check_fused_add_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, hidden: in
     assert_close(dt.decode(out), want_out, dt.atol, dt.rtol, spec.name)
 
 
-def check_rope_and_cache(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int = 9, seed: int = 0) -> None:
+def check_head_rms_norm(lib: EmuLib, dt: DType, tokens: int = 5, head_dim: int = 256, seed: int = 0) -> None:
+    """QK norm in place inside a fused QKV buffer: every Q head with the Q weight, every K head with the K
+    weight; V left as it was."""
+    heads, kv_heads = 3, 2
+    rng = np.random.default_rng(seed)
+    qkv = dt.encode(rng.standard_normal((tokens, (heads + 2 * kv_heads) * head_dim)) * 3.0)
+    q_weight, k_weight = (dt.encode(1.0 + 0.1 * rng.standard_normal(head_dim)) for _ in range(2))
+    before = dt.decode(qkv)
+    qk_width = (heads + kv_heads) * head_dim
+    expected = before.copy()
+    normed = reference.head_rms_norm(before[:, :qk_width].reshape(tokens, heads + kv_heads, head_dim),
+                                     dt.decode(q_weight), dt.decode(k_weight), heads, EPS)
+    expected[:, :qk_width] = normed.reshape(tokens, -1)
+    spec = launch.head_rms_norm(dt.name, tokens, heads, kv_heads)
+    lib.launch(spec, [qkv, q_weight, k_weight, EPS, heads, head_dim, qkv.shape[1]])
+    assert_close(dt.decode(qkv), expected, dt.atol, dt.rtol, f"{spec.name} head_dim {head_dim} (V untouched)")
+
+
+def check_rope_and_cache(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int = 9, seed: int = 0,
+                         halves: bool = False, head_dim: int = 64) -> None:
     """q rotated in place inside a fused QKV buffer (strided views); each K row rotated into its cache slot and
-    V copied beside it, at shuffled slots with two padding ones; the QKV rows' K and V left as they were."""
-    heads, kv_heads, head_dim, blocks, block_size = 6, 2, 64, 6, 16
+    V copied beside it, at shuffled slots with two padding ones; the QKV rows' K and V left as they were. Pairs
+    interleaved, or NeoX's halves."""
+    heads, kv_heads, blocks, block_size = 6, 2, 6, 16
     rng = np.random.default_rng(seed)
     qkv = make_qkv(rng, dt, tokens, heads, kv_heads, head_dim)
     before = dt.decode(qkv)
@@ -58,26 +79,28 @@ def check_rope_and_cache(lib: EmuLib, dt: DType, rot_dim: int = 64, tokens: int 
     k_off, v_off = heads * head_dim, (heads + kv_heads) * head_dim
     expected = before.copy()
     expected[:, :k_off] = reference.rope(positions, before[:, :k_off].reshape(tokens, heads, -1),
-                                         cache).reshape(tokens, -1)
-    k_rot = reference.rope(positions, before[:, k_off:v_off].reshape(tokens, kv_heads, -1), cache)
+                                         cache, halves).reshape(tokens, -1)
+    k_rot = reference.rope(positions, before[:, k_off:v_off].reshape(tokens, kv_heads, -1), cache, halves)
     want_k, want_v = reference.reshape_and_cache(k_rot, before[:, v_off:].reshape(tokens, kv_heads, -1),
                                                  dt.decode(k_cache), dt.decode(v_cache), slots)
     spec = launch.rope_and_cache(dt.name, tokens, heads, kv_heads, head_dim, rot_dim)
     stride = qkv.shape[1]
     args: list[Arg] = [positions, flat_from(qkv, 0), flat_from(qkv, k_off), flat_from(qkv, v_off), k_cache, v_cache,
                        slots, cache, rot_dim, heads, kv_heads, head_dim]
-    lib.launch(spec, [*args, stride, stride])
-    name = f"{spec.name} rot_dim {rot_dim}"
+    lib.launch(spec, [*args, stride, stride, int(halves)])
+    name = f"{spec.name} rot_dim {rot_dim} head_dim {head_dim} {'halves' if halves else 'interleaved'}"
     assert_close(dt.decode(qkv), expected, dt.atol, dt.rtol, f"{name} q (and K, V untouched)")
     assert_close(dt.decode(k_cache), want_k, dt.atol, dt.rtol, f"{name} k_cache")
     assert_close(dt.decode(v_cache), want_v, 0.0, 0.0, f"{name} v_cache")  # a copy: exact
 
 
-def check_silu_mul(lib: EmuLib, dt: DType, tokens: int = 5, d: int = 200, seed: int = 0) -> None:
+def check_gated_activation(lib: EmuLib, dt: DType, activation: str = "silu", tokens: int = 5, d: int = 200,
+                           seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     x = dt.encode(rng.standard_normal((tokens, 2 * d)) * 4.0)
-    expected = reference.silu_mul(dt.decode(x))
-    spec = launch.silu_mul(dt.name, tokens, d)
+    want = {"silu": reference.silu_mul, "gelu_tanh": reference.gelu_tanh_mul}[activation]
+    expected = want(dt.decode(x))
+    spec = launch.gated_activation(activation, dt.name, tokens, d)
     out = nan_like(dt, (tokens, d))
     lib.launch(spec, [out, x, d])
     assert_close(dt.decode(out), expected, dt.atol, dt.rtol, spec.name)

@@ -1,7 +1,8 @@
 """Named emulation cases: each runs kernels through the emulation library and compares with the reference.
 
 Context lengths are odd or end in partial blocks (block_size 16), block tables are shuffled, GQA ratios are
-1, 3 and 8; the dequantizing kernels read random blocks of every type they know (checks_quant.py).
+1, 3 and 8; the dequantizing kernels read random blocks of every type they know (checks_quant.py). Sliding-window
+cases use windows shorter than most contexts, at head_dim 64 and 256 (Gemma 3's).
 `tsan_cases` are small variants, one per kernel, for the ThreadSanitizer build.
 """
 
@@ -26,6 +27,9 @@ DECODE_CONTEXTS = (1, 17, 33, 70, 5)
 # (prefix, chunk) pairs: no prefix, a 1-token decode row, chunks across query tiles (16) and key tiles (32).
 PREFILL_PREFIXES = (0, 13, 5, 40, 16)
 PREFILL_CHUNKS = (23, 5, 1, 37, 16)
+WINDOW = 20  # shorter than most contexts above, longer than some, not a multiple of the block size
+D256 = att.Shape(heads=4, kv_heads=2, head_dim=256)
+D256_WINDOW = att.Shape(heads=4, kv_heads=1, head_dim=256, window=WINDOW)
 
 
 def check_conversions(lib: EmuLib, dt: DType) -> None:
@@ -54,9 +58,13 @@ def _dtype_cases() -> dict[str, Case]:
     for dt in ALL:
         s = dt.name
         cases[f"rope_and_cache-{s}"] = partial(elem.check_rope_and_cache, dt=dt)
+        cases[f"rope_and_cache-{s}-halves-d256"] = partial(elem.check_rope_and_cache, dt=dt, rot_dim=256,
+                                                           head_dim=256, halves=True)
         cases[f"rms_norm-{s}"] = partial(elem.check_rms_norm, dt=dt)
         cases[f"fused_add_rms_norm-{s}"] = partial(elem.check_fused_add_rms_norm, dt=dt)
-        cases[f"silu_mul-{s}"] = partial(elem.check_silu_mul, dt=dt)
+        cases[f"head_rms_norm-{s}"] = partial(elem.check_head_rms_norm, dt=dt)
+        for activation in ("silu", "gelu_tanh"):
+            cases[f"{activation}_mul-{s}"] = partial(elem.check_gated_activation, dt=dt, activation=activation)
         for qtype in QUANT_TYPES:
             cases[f"quant-{qtype}-{s}"] = partial(quant.check_quant, dt=dt, qtype=qtype)
         for ratio, shape in ((1, GQA_1), (3, GQA_3), (8, GQA_8)):
@@ -66,7 +74,26 @@ def _dtype_cases() -> dict[str, Case]:
             cases[f"prefill-{s}-gqa{ratio}"] = partial(
                 att.check_prefill, dt=dt, s=shape, prefix_lens=PREFILL_PREFIXES, query_lens=PREFILL_CHUNKS
             )
+        cases.update(_window_and_d256_cases(dt))
     return cases
+
+
+def _window_and_d256_cases(dt: DType) -> dict[str, Case]:
+    s, windowed = dt.name, att.Shape(heads=6, kv_heads=2, window=WINDOW)
+    return {
+        f"decode-{s}-window": partial(att.check_decode, dt=dt, s=windowed, context_lens=DECODE_CONTEXTS, seed=2),
+        f"decode-parts16-{s}-window": partial(att.check_decode_partitioned, dt=dt, s=windowed,
+                                              context_lens=(70, 0, 21, 37, 5), partition_size=16),
+        f"prefill-{s}-window": partial(att.check_prefill, dt=dt, s=windowed, prefix_lens=PREFILL_PREFIXES,
+                                       query_lens=PREFILL_CHUNKS),
+        f"decode-{s}-d256": partial(att.check_decode, dt=dt, s=D256, context_lens=(45, 3, 64)),
+        f"decode-{s}-d256-window": partial(att.check_decode, dt=dt, s=D256_WINDOW, context_lens=(45, 3, 64)),
+        f"decode-parts16-{s}-d256-window": partial(att.check_decode_partitioned, dt=dt, s=D256_WINDOW,
+                                                   context_lens=(45, 0, 64), partition_size=16),
+        f"prefill-{s}-d256": partial(att.check_prefill, dt=dt, s=D256, prefix_lens=(7, 0), query_lens=(20, 33)),
+        f"prefill-{s}-d256-window": partial(att.check_prefill, dt=dt, s=D256_WINDOW, prefix_lens=(40, 0, 3),
+                                            query_lens=(5, 37, 1)),
+    }
 
 
 def _special_cases() -> dict[str, Case]:
@@ -101,7 +128,10 @@ def _tsan_cases() -> dict[str, Case]:
         "tsan-rope_and_cache": partial(elem.check_rope_and_cache, dt=FLOAT16, tokens=4),
         "tsan-rms_norm": partial(elem.check_rms_norm, dt=FLOAT32, tokens=2, hidden=96),
         "tsan-fused_add_rms_norm": partial(elem.check_fused_add_rms_norm, dt=BFLOAT16, tokens=2, hidden=96),
-        "tsan-silu_mul": partial(elem.check_silu_mul, dt=BFLOAT16, tokens=2, d=96),
+        "tsan-silu_mul": partial(elem.check_gated_activation, dt=BFLOAT16, tokens=2, d=96),
+        "tsan-gelu_tanh_mul": partial(elem.check_gated_activation, dt=FLOAT16, activation="gelu_tanh", tokens=2, d=96),
+        "tsan-head_rms_norm": partial(elem.check_head_rms_norm, dt=BFLOAT16, tokens=2, head_dim=64),
+        "tsan-rope_and_cache-halves": partial(elem.check_rope_and_cache, dt=FLOAT32, tokens=4, halves=True),
         "tsan-quant_gemv": partial(quant.check_quant_gemv, dt=FLOAT16, qtype="q4_1", n=11, k=64),
         "tsan-quant_gemv-q5_k": partial(quant.check_quant_gemv, dt=BFLOAT16, qtype="q5_k", n=11, k=256),
         "tsan-dequantize": partial(quant.check_dequantize, dt=BFLOAT16, qtype="q8_0"),
@@ -110,6 +140,12 @@ def _tsan_cases() -> dict[str, Case]:
             att.check_decode_partitioned, dt=FLOAT32, s=small, context_lens=(70, 9), partition_size=32
         ),
         "tsan-prefill": partial(att.check_prefill, dt=BFLOAT16, s=small, prefix_lens=(20, 0), query_lens=(18, 3)),
+        "tsan-decode-partitioned-window": partial(
+            att.check_decode_partitioned, dt=BFLOAT16, s=att.Shape(heads=6, kv_heads=2, window=21),
+            context_lens=(70, 9), partition_size=16
+        ),
+        "tsan-prefill-window": partial(att.check_prefill, dt=FLOAT16, s=att.Shape(heads=6, kv_heads=2, window=9),
+                                       prefix_lens=(20, 0), query_lens=(18, 3)),
     }
 
 

@@ -34,10 +34,13 @@ class PagedKV:
 
 
 def make_paged_kv(
-    rng: np.random.Generator, dt: DType, context_lens: Sequence[int], kv_heads: int, head_dim: int, block_size: int
+    rng: np.random.Generator, dt: DType, context_lens: Sequence[int], kv_heads: int, head_dim: int, block_size: int,
+    unread: Sequence[int] = (),
 ) -> PagedKV:
     """Caches where every position outside a sequence's context is NaN, so any read past a context, from a
-    padded block table entry (block 0, never allocated) or from a spare block poisons the output."""
+    padded block table entry (block 0, never allocated) or from a spare block poisons the output. unread[b]:
+    sequence b's positions before it are NaN too, and its blocks wholly before it are block 0 in the table (a
+    sliding window's, whose blocks a window pool gives back)."""
     need = [-(-c // block_size) for c in context_lens]
     num_blocks = 1 + sum(need) + 2
     physical = rng.permutation(np.arange(1, num_blocks)).astype(np.int32)
@@ -50,6 +53,11 @@ def make_paged_kv(
         pos = np.arange(ctx)
         for cache in caches:
             cache[tables[b, pos // block_size], pos % block_size] = rng.standard_normal((ctx, kv_heads, head_dim))
+    for b, lo in enumerate(unread):
+        pos = np.arange(lo)
+        for cache in caches:
+            cache[tables[b, pos // block_size], pos % block_size] = np.nan
+        tables[b, : lo // block_size] = 0
     k, v = (dt.encode(c) for c in caches)
     return PagedKV(k, v, dt.decode(k), dt.decode(v), tables, np.asarray(context_lens, dtype=np.int32))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from backends.cupy_backend import reference
+from backends.numpy_backend.attention import decode_attention, prefill_attention
+from backends.numpy_backend.layers import RopeTable, gelu_tanh_mul, rms_norm, rotate_halves
 from tests.cuda.dtypes import FLOAT32
 from tests.cuda.emu_data import make_paged_kv
 
@@ -100,3 +102,52 @@ def test_reshape_and_cache_skips_negative_slots() -> None:
     key = np.array([[[1.0]], [[2.0]], [[3.0]]])
     k, _ = reference.reshape_and_cache(key, key, cache, cache, np.array([3, -1, 0]))
     np.testing.assert_array_equal(k.reshape(-1), [3.0, 0.0, 0.0, 1.0])
+
+
+def test_windowed_references_match_the_numpy_backends_attention() -> None:
+    """A sliding layer's decode, partitioned decode and prefill references compute what the NumPy backend's
+    attention does with the same window (its own float32 implementation), over a context longer than it."""
+    rng = np.random.default_rng(5)
+    window, scale = 6, 8**-0.5
+    kv = make_paged_kv(rng, FLOAT32, [23, 4, 15], 2, 8, 4)
+    # the NumPy backend's caches hold zeros where nothing was written (it weighs them by an exact 0), not NaN
+    k32, v32 = (np.nan_to_num(c).astype(np.float32) for c in (kv.k_values, kv.v_values))
+    q = rng.standard_normal((3, 4, 8))
+    args = (q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale)
+    decode = reference.paged_attention_decode(*args, window)
+    want = decode_attention(q.astype(np.float32), k32, v32, kv.block_tables, kv.context_lens, window)
+    np.testing.assert_allclose(decode, want, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(decode, reference.paged_attention_decode(*args)), "the window changes nothing here"
+    sums, maxes, outs = reference.paged_attention_partials(*args, partition_size=4, max_partitions=6, window=window)
+    merged = reference.paged_attention_reduce(sums, maxes, outs, kv.context_lens, 4, window)
+    np.testing.assert_allclose(merged, decode, rtol=1e-12, atol=1e-15)
+    query_start, chunk = np.array([0, 9, 10, 15], np.int32), rng.standard_normal((15, 4, 8))
+    prefill = reference.paged_prefill_attention(chunk, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens,
+                                                query_start, scale, window)
+    for b in range(3):
+        lo, hi = query_start[b], query_start[b + 1]
+        want = prefill_attention(chunk[lo:hi].astype(np.float32), k32, v32, kv.block_tables[b],
+                                 int(kv.context_lens[b]), window)
+        np.testing.assert_allclose(prefill[lo:hi], want, rtol=1e-4, atol=1e-5)
+
+
+def test_rope_halves_and_factors_match_the_numpy_forward() -> None:
+    """NeoX's pairs and Llama 3's frequency factors: the table and the rotation the NumPy forward uses."""
+    rng = np.random.default_rng(6)
+    positions, x = np.array([0, 3, 250], np.int32), rng.standard_normal((3, 2, 16))
+    factors = tuple(float(f) for f in np.linspace(1.0, 8.0, 8))
+    cache = reference.rope_cos_sin_cache(256, 16, 1e6, factors)
+    table = RopeTable.build(16, 1e6, 256, factors)
+    np.testing.assert_array_equal(cache, np.concatenate([table.cos, table.sin], axis=1))
+    cos, sin = table.at(positions)
+    want = rotate_halves(x.astype(np.float32), cos, sin)
+    np.testing.assert_allclose(reference.rope(positions, x, cache, halves=True), want, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_and_qk_norm_match_the_numpy_forward() -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 40)).astype(np.float32) * 3
+    np.testing.assert_allclose(reference.gelu_tanh_mul(x), gelu_tanh_mul(x), rtol=1e-5, atol=1e-6)
+    qk, q_w, k_w = rng.standard_normal((2, 5, 8)), rng.standard_normal(8), rng.standard_normal(8)
+    want = np.concatenate([rms_norm(qk[:, :3], q_w, 1e-6), rms_norm(qk[:, 3:], k_w, 1e-6)], axis=1)
+    np.testing.assert_allclose(reference.head_rms_norm(qk, q_w, k_w, 3, 1e-6), want, rtol=1e-12)

@@ -6,7 +6,8 @@ Checked: which steps replay (pure decode) and which stay eager (prefill, mixed);
 and when; that a replay computes the step copied into the static buffers (a replay of stale buffers gives the
 old step's logits, not the new one's); that a padded row writes no KV slot (every slot outside the step's is
 unchanged, bit for bit, and the whole pool matches the eager twin's); sampling in the graph (greedy and random)
-and the eager sampler after a graph's forward (top-p).
+and the eager sampler after a graph's forward (top-p). The same on the tiny Gemma 3 (tiny_model.py), whose
+sliding layers' decode attention reads only their window of the prefilled contexts.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from backends.model.loader import load_model
 from backends.model.weights import StoredTypes
 from tests.cupy_backend.emu_device import emu_device
 from tests.cupy_backend.emu_graphs import TapeGraphs
-from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant
+from tests.cupy_backend.tiny_model import write_tiny_gemma3_d256, write_tiny_llama_d64_quant
 
 BLOCK_SIZE, NUM_BLOCKS, PARTITION_SIZE = 8, 40, 32
 GRAPH_MAX = 4  # buckets 1, 2, 4
@@ -195,3 +196,21 @@ def quant_graphs_scenario(library: Path, model_path: Path) -> None:
     kernels = set(twins.tapes.tapes[0].kernels)
     assert {"quant_gemv_q4_1_bf16", "dequantize_q8_0_bf16", "quant_gemv_logits_q8_0_bf16"} <= kernels, kernels
     print(f"graphs quant bfloat16: {twins.tapes.captures} captures, {twins.tapes.replays} replays")
+
+
+def gemma3_graphs_scenario(library: Path, model_path: Path) -> None:
+    """The tiny Gemma 3 in float32: QK norm, RoPE over halves with two bases, GeGLU, sandwich norms and the sliding
+    layers' windowed decode (the plain kernel over a window of 16; the global layer's partitioned one over the
+    whole context) inside the graph, replayed against the eager twin."""
+    path = write_tiny_gemma3_d256(model_path.with_name("tiny-gemma3-graphs.gguf"))
+    twins = make_twins(library, path, "float32", "lazy")
+    seqs = prefilled(twins, 3, 7)  # contexts past the window and past one partition
+    check_replay_reads_static_inputs(twins, seqs)
+    check_padding_writes_no_kv(twins, seqs)
+    for seed in (22, 23):
+        assert twins.replays(decode(seqs, seed)) == 2
+    assert twins.replays(decode(seqs[:1], 24)) == 2
+    kernels = set(twins.tapes.tapes[0].kernels)
+    assert {"head_rms_norm_f32", "gelu_tanh_mul_f32", "paged_attention_decode_f32_d256",
+            "paged_attention_decode_partitioned_f32_d256", "paged_attention_reduce_f32_d256"} <= kernels, kernels
+    print(f"graphs gemma3 float32: {twins.tapes.captures} captures, {twins.tapes.replays} replays")

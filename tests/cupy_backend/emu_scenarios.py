@@ -9,6 +9,12 @@ The k-quant-* scenarios do it again on a wider model whose matrices are Q5_0, Q5
 Q6_K (the head and embedding Q6_K). checkpoint-bfloat16 serves the tiny model from a Hugging Face checkpoint
 directory of bfloat16 matrices. A scenario dry-runs bench/gpu_check.py's measurement sections on the
 emulated device. The graphs-* scenarios replay decode steps from captured graphs (emu_graph_scenarios.py).
+The gemma3-* scenarios run the same steps on a tiny Gemma 3 (tiny_model.py: head_dim 256, RoPE over head halves
+with a base per layer, QK and sandwich norms, GeGLU, scaled embeddings, five layers sliding over a window of 16
+that the contexts outgrow), checking first that the window changes the reference's logits by far more than the
+tolerance, so an ignored window fails; gemma3-parts8 splits even the sliding layers' windows into partitions.
+The qwen2-*, qwen3-* and llama3-* scenarios do it on the tiny head_dim-64 model with Qwen2's QKV biases, Qwen3's
+QK norms (both RoPE over head halves) and Llama 3's RoPE frequency factors.
 """
 
 from __future__ import annotations
@@ -30,8 +36,13 @@ from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
 from tests.backends.hf_checkpoints import write_bfloat16_checkpoint
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
-from tests.cupy_backend.emu_graph_scenarios import graphs_scenario, quant_graphs_scenario
-from tests.cupy_backend.tiny_model import write_tiny_llama_d64_quant, write_tiny_llama_k_quant
+from tests.cupy_backend.emu_graph_scenarios import gemma3_graphs_scenario, graphs_scenario, quant_graphs_scenario
+from tests.cupy_backend.tiny_model import (
+    write_tiny_feature_model,
+    write_tiny_gemma3_d256,
+    write_tiny_llama_d64_quant,
+    write_tiny_llama_k_quant,
+)
 
 BLOCK_SIZE, NUM_BLOCKS = 8, 40
 # Small enough that decode contexts past it take the partitioned kernel + reduce, shorter ones the plain one.
@@ -66,22 +77,25 @@ class Pair:
     def compare_logits(self, batch: StepBatch, what: str) -> np.ndarray:
         got, want = self.cupy.compute_logits(batch), self.numpy.compute_logits(batch)
         assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-        err = float(np.abs(got - want).max())
-        tol = FLOAT32_ATOL if self.dtype == "float32" else LOGIT_RTOL[self.dtype] * float(np.abs(want).max())
+        err, tol = float(np.abs(got - want).max()), self.tolerance(want)
         print(f"{what}: max |logit diff| {err:.3g} (tolerance {tol:.3g})", flush=True)
         assert err <= tol, f"{what}: logits differ by {err:.3g} > {tol:.3g}"
         return want
+
+    def tolerance(self, want: np.ndarray) -> float:
+        """The largest |logit| difference from the reference's logits `want` the backend may show."""
+        return FLOAT32_ATOL if self.dtype == "float32" else LOGIT_RTOL[self.dtype] * float(np.abs(want).max())
 
     def execute(self, batch: StepBatch) -> tuple[StepOutput, StepOutput]:
         return self.cupy.execute(batch), self.numpy.execute(batch)
 
 
-def make_pair(library: Path, model_path: Path, dtype: str, stored: tuple[StoredTypes, StoredTypes] = ((), ())
-              ) -> Pair:
+def make_pair(library: Path, model_path: Path, dtype: str, stored: tuple[StoredTypes, StoredTypes] = ((), ()),
+              partition_size: int = PARTITION_SIZE) -> Pair:
     """`stored`: the types each backend's loader keeps as stored (cupy's, numpy's); none by default."""
     model = load_model(model_path, stored[0])
     device, launcher = emu_device(library)
-    cupy = CupyBackend(model.config, model.weights, device, dtype=dtype, partition_size=PARTITION_SIZE)
+    cupy = CupyBackend(model.config, model.weights, device, dtype=dtype, partition_size=partition_size)
     numpy = NumpyBackend(load_model(model_path, stored[1]))
     for backend in (cupy, numpy):
         backend.init_cache(NUM_BLOCKS, BLOCK_SIZE)
@@ -169,6 +183,62 @@ def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
     missing = expected_kernels(dtype) - set(pair.launcher.names)
     assert not missing, f"kernels never launched: {sorted(missing)}"
     print(f"{dtype}: {len(pair.launcher.names)} launches, gemm {pair.cupy.gemm.name}")
+
+
+def gemma3_kernels(dtype: str, plain_decode: bool) -> set[str]:
+    """The tiny Gemma 3's: GeGLU, QK norm, and every attention kernel at head_dim 256 (the plain decode kernel
+    only where some decode span fits one partition)."""
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
+    attention = ["paged_prefill_attention", "paged_attention_decode_partitioned", "paged_attention_reduce",
+                 *(["paged_attention_decode"] if plain_decode else [])]
+    names = ["rms_norm", "fused_add_rms_norm", "rope_and_cache", "gelu_tanh_mul", "head_rms_norm"]
+    return {f"{n}_{short}" for n in names} | {f"{n}_{short}_d256" for n in attention}
+
+
+def check_window_matters(pair: Pair, rng: np.random.Generator) -> None:
+    """The reference with a window as long as the context (the same layers, RoPE bases and all, attending to every
+    position) gives a 30-token prompt's logits farther from the windowed reference's than the scenario's
+    tolerance by far: a backend that ignored the window would fail the comparisons. (bfloat16's tolerance, a
+    tenth of the largest logit, is too coarse to tell: there the float32 and float16 scenarios stand for it.)"""
+    model = pair.numpy.model
+    config = model.config
+    wide = replace(model, files=replace(model.files, config=replace(config, sliding_window=config.context_length)))
+    prompts, logits = _prompts(rng, (30,)), []
+    for reference in (NumpyBackend(model), NumpyBackend(wide)):
+        reference.init_cache(NUM_BLOCKS, BLOCK_SIZE)
+        logits.append(reference.compute_logits(make_batch([SeqState(blocks=[1, 2, 3, 4])], prompts, BLOCK_SIZE)))
+    windowed, unwindowed = logits
+    moved, tol = float(np.abs(windowed - unwindowed).max()), pair.tolerance(windowed)
+    print(f"window: the unwindowed reference's logits move by {moved:.3g} (tolerance {tol:.3g})", flush=True)
+    assert moved > 10 * tol or pair.dtype == "bfloat16", f"the window moves the logits by only {moved:.3g}"
+
+
+def gemma3_scenario(library: Path, model_path: Path, dtype: str, partition_size: int = PARTITION_SIZE) -> None:
+    path = write_tiny_gemma3_d256(model_path.with_name(f"tiny-gemma3-{dtype}-{partition_size}.gguf"))
+    pair = make_pair(library, path, dtype, partition_size=partition_size)
+    check_window_matters(pair, np.random.default_rng(8))
+    rng = np.random.default_rng(7)
+    seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
+    greedy_steps(pair, seqs, steps=4)  # contexts to 36, past the window of 16 and, for some, one partition
+    pair.compare_logits(make_batch(seqs, [[9], [10], [11], [12]], BLOCK_SIZE), "decode past window and partition")
+    verify_step(pair, seqs)
+    missing = gemma3_kernels(dtype, plain_decode=partition_size >= 16) - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"gemma3 {dtype} (partitions of {partition_size}): {len(pair.launcher.names)} launches")
+
+
+def feature_scenario(library: Path, model_path: Path, arch: str, dtype: str) -> None:
+    """The full scenario's steps on the tiny model as `arch` (tiny_model.write_tiny_feature_model)."""
+    path = write_tiny_feature_model(model_path.with_name(f"tiny-{arch}-{dtype}.gguf"), arch)
+    pair = make_pair(library, path, dtype)
+    assert pair.cupy.config.features, "the tiny model has none of the features it is meant to test"
+    rng = np.random.default_rng(9)
+    seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
+    greedy_steps(pair, seqs, steps=4)
+    verify_step(pair, seqs)
+    missing = expected_kernels(dtype) - set(pair.launcher.names)
+    assert not missing, f"kernels never launched: {sorted(missing)}"
+    print(f"{arch} {dtype} ({', '.join(pair.cupy.config.features)}): {len(pair.launcher.names)} launches")
 
 
 def quant_kernels(dtype: str) -> set[str]:
@@ -291,8 +361,25 @@ def scenarios() -> dict[str, Scenario]:
     def bind_k_quant(dtype: str) -> Scenario:
         return lambda library, model_path: k_quant_scenario(library, model_path, dtype)
 
+    def bind_gemma3(dtype: str, partition_size: int) -> Scenario:
+        return lambda library, model_path: gemma3_scenario(library, model_path, dtype, partition_size)
+
+    gemma3 = {f"gemma3-{dtype}": bind_gemma3(dtype, PARTITION_SIZE) for dtype in DTYPES}
+    gemma3["gemma3-parts8-float32"] = bind_gemma3("float32", 8)
+
+    def bind_feature(arch: str, dtype: str) -> Scenario:
+        return lambda library, model_path: feature_scenario(library, model_path, arch, dtype)
+
+    features = {f"{name}-{dtype}": bind_feature(arch, dtype) for name, arch in
+                (("qwen2", "qwen2"), ("qwen3", "qwen3"), ("llama3", "llama")) for dtype in ("float32", "bfloat16")}
     quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
     k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
-    graphs = {"graphs-float32": graphs_scenario, "graphs-quant-bfloat16": quant_graphs_scenario}
+    graphs = {"graphs-float32": graphs_scenario, "graphs-quant-bfloat16": quant_graphs_scenario,
+              "graphs-gemma3-float32": gemma3_graphs_scenario}
+    from tests.cupy_backend import emu_window_scenarios as pool  # noqa: PLC0415 - it builds on this module
+
+    pooled = {"gemma3-window-pool-parts8-float32": lambda lib, path: pool.window_pool_scenario(lib, path, "float32", 8),
+              "gemma3-window-pool-bfloat16": lambda lib, path: pool.window_pool_scenario(lib, path, "bfloat16", 32),
+              "graphs-gemma3-window-pool-float32": pool.graphs_window_pool_scenario}
     return {**{dtype: bind(dtype) for dtype in DTYPES}, **quant, **k_quant, "checkpoint-bfloat16": checkpoint_scenario,
-            "gpu-check-dry-run": gpu_check_dry_run, **graphs}
+            "gpu-check-dry-run": gpu_check_dry_run, **graphs, **gemma3, **features, **pooled}

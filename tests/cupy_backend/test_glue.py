@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,25 @@ from backends.base import BackendError
 from backends.config import BackendConfig
 from backends.cupy_backend import create, launch, source
 from backends.cupy_backend import device as device_module
-from backends.cupy_backend.backend import CupyBackend
+from backends.cupy_backend.backend import SUPPORTED_FEATURES, CupyBackend, _check_supported
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.launcher import CupyLauncher, compile_module
 from backends.cupy_backend.quant_weights import DeviceQuant, stored_types, upload_matrix
 from backends.cupy_backend.step_inputs import upload_sampling, upload_step
 from backends.cupy_backend.storage import storage_for
 from backends.manual_batch import SeqState, make_batch
+from backends.model.architecture import ARCHITECTURES
 from backends.model.loader import load_model, open_model
 from backends.model.quant import QuantMatrix
 from tests.backends.tiny_gguf import write_tiny_llama
 from tests.cupy_backend.fakes import DeviceArray, device, fake_cupy
-from tests.cupy_backend.tiny_model import QUANT_TYPES, SHAPE, write_tiny_llama_d64, write_tiny_llama_d64_quant
+from tests.cupy_backend.tiny_model import (
+    QUANT_TYPES,
+    SHAPE,
+    write_tiny_gemma3_d256,
+    write_tiny_llama_d64,
+    write_tiny_llama_d64_quant,
+)
 
 
 def test_module_source_inlines_each_local_header_once() -> None:
@@ -87,6 +95,18 @@ def test_a_toolkit_wins_over_the_wheels(tmp_path: Path, monkeypatch: pytest.Monk
     assert source.cuda_include_dirs([str(tmp_path / "site")]) == [str(named)]
 
 
+class FakeKernel:
+    """A RawKernel: called with the launch, and its dynamic shared memory limit settable (0: the default)."""
+
+    def __init__(self, name: str, calls: list[tuple[Any, ...]]) -> None:
+        self.name, self.calls = name, calls
+        self.max_dynamic_shared_size_bytes = 0
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int) -> None:
+        assert shared_mem <= max(launch.DEFAULT_SHARED_MEM, self.max_dynamic_shared_size_bytes), "not opted in"
+        self.calls.append((self.name, grid, block, args, shared_mem))
+
+
 class FakeModule:
     def __init__(self, code: str, options: tuple[str, ...], fail_unless: str | None = None) -> None:
         self.options, self.fail_unless = options, fail_unless
@@ -95,11 +115,7 @@ class FakeModule:
     def get_function(self, name: str) -> Any:
         if self.fail_unless is not None and self.fail_unless not in " ".join(self.options):
             raise RuntimeError("catastrophic error: cannot open source file \"cuda_bf16.h\"")
-
-        def kernel(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int) -> None:
-            self.calls.append((name, grid, block, args, shared_mem))
-
-        return kernel
+        return FakeKernel(name, self.calls)
 
 
 def test_compile_module_falls_back_to_the_next_option_set() -> None:
@@ -128,6 +144,18 @@ def test_launcher_passes_exact_scalar_types_and_device_pointers() -> None:
         launcher.launch(spec, [np.zeros(3), x, x, 1e-5, 200])
     with pytest.raises(TypeError, match="takes 5 arguments"):
         launcher.launch(spec, [x, x, 1e-5, 200])
+
+
+def test_launcher_opts_a_kernel_into_more_than_48k_of_shared_memory() -> None:
+    """The prefill kernel at head_dim 256 needs more than the default dynamic shared memory."""
+    module = FakeModule("", ())
+    launcher = CupyLauncher(fake_cupy(), module)
+    x = device(np.zeros(4, np.float32))
+    for head_dim in (128, 256):
+        spec = launch.paged_prefill_attention("float32", head_dim, 1, 2, 1, 5)
+        launcher.launch(spec, [x, x, x, x, x, x, x, 0.1, 1, 1, 16, 4, 0])
+        assert launcher.kernel(spec.name).max_dynamic_shared_size_bytes == (spec.shared_mem if head_dim == 256 else 0)
+    assert len(module.calls) == 2 and module.calls[1][4] > launch.DEFAULT_SHARED_MEM
 
 
 class CountingXp:
@@ -166,6 +194,21 @@ def test_unsupported_head_dim_is_refused_with_the_reason(tmp_path: Path) -> None
         CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
 
 
+def test_every_feature_the_numpy_forward_computes_is_computed() -> None:
+    """No architecture's feature (nor Llama 3's RoPE factors) is refused: the CuPy backend follows the same
+    description as the NumPy forward."""
+    named = {f for arch in ARCHITECTURES.values() for f in arch.features} | {"RoPE frequency factors"}
+    assert named <= SUPPORTED_FEATURES
+
+
+def test_a_feature_it_lacks_is_refused_in_one_line(tmp_path: Path) -> None:
+    model = load_model(write_tiny_gemma3_d256(tmp_path / "gemma3.gguf"))
+    CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))  # accepted
+    with pytest.raises(BackendError, match=r"^the cupy backend does not compute gemma3's GeGLU, QK norm \(.*\); "
+                                           r"use --backend numpy$"):
+        _check_supported(model.config, SUPPORTED_FEATURES - {"GeGLU", "QK norm"})
+
+
 def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
     model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))  # context length 256
     backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
@@ -175,13 +218,28 @@ def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
         backend.execute(make_batch([seq], [[4]], 8))
 
 
-def test_a_window_pool_is_refused(tmp_path: Path) -> None:
-    """Its kv_geometry reports no window layers, so it is never given a pool of their own."""
+def test_a_window_pool_is_for_sliding_layers_only(tmp_path: Path) -> None:
+    """kv_geometry reports a model's sliding layers, which alone may have a pool of their own; a step must bring
+    that pool's tables and slots exactly when the cache has it."""
     model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))
     backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
     assert backend.kv_geometry.window_layers == 0
-    with pytest.raises(BackendError, match="window_blocks must be 0"):
+    with pytest.raises(BackendError, match="^a window pool of 8 blocks for a model without sliding layers$"):
         backend.init_cache(40, 8, window_blocks=8)
+    gemma = load_model(write_tiny_gemma3_d256(tmp_path / "gemma3.gguf"))
+    backend = CupyBackend(gemma.config, gemma.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    assert (backend.kv_geometry.window_layers, backend.kv_geometry.sliding_window) == (5, 16)
+    backend.init_cache(40, 8, window_blocks=12)
+    assert backend.cache.data.shape[:3] == (1, 2, 40) and backend.cache.window_data.shape[:3] == (5, 2, 12)
+    assert backend.cache.keys(5).shape[0] == 40 and backend.cache.keys(4).shape[0] == 12
+    seq = SeqState(blocks=[1, 2])
+    with pytest.raises(BackendError, match="^the KV cache has a window pool, but the step brings no window tables"):
+        backend.execute(make_batch([seq], [[4, 5]], 8))
+    one = CupyBackend(gemma.config, gemma.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
+    one.init_cache(40, 8)
+    placed = replace(make_batch([SeqState(blocks=[1])], [[4]], 8), window_block_copies=((1, 2),))
+    with pytest.raises(BackendError, match="^the KV cache has no window pool, but the step brings window_block_copi"):
+        one.execute(placed)
 
 
 @pytest.mark.parametrize("weights", ["gguf", "float32"])

@@ -26,7 +26,7 @@ from backends.manual_batch import SeqState, make_batch
 from backends.model.config import ModelLoadError
 from backends.model.loader import LoadedModel, load_model
 from backends.numpy_backend.backend import NumpyBackend
-from tests.cupy_backend.tiny_model import write_tiny_llama_k_quant
+from tests.cupy_backend.tiny_model import write_tiny_gemma3_d256, write_tiny_llama_k_quant
 from tests.required import hardware_absent, unavailable
 
 pytestmark = pytest.mark.gpu
@@ -167,6 +167,17 @@ def test_k_quant_weights_match_numpy_step_by_step(gpu: Device, k_quant_model: Lo
     prompts = random_prompts(lengths, seed=3, vocab=k_quant_model.config.vocab_size)
     lockstep_greedy(cupy_backend(gpu, k_quant_model, dtype), numpy_backend(k_quant_model), new_seqs(lengths, 4),
                     new_seqs(lengths, 4), prompts, steps=8, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tiny_gemma3_matches_numpy_step_by_step(gpu: Device, dtype: str, tmp_path: Path) -> None:
+    """Gemma 3's layer (head_dim 256, so the prefill kernel's shared memory past 48 KiB; sliding layers over a
+    window of 16 that these prompts outgrow) against NumpyBackend, prefill then decode."""
+    model = load_model(write_tiny_gemma3_d256(tmp_path / "gemma3.gguf"))
+    lengths = [40, 17, 5, 64]
+    prompts = random_prompts(lengths, seed=5, vocab=model.config.vocab_size)
+    lockstep_greedy(cupy_backend(gpu, model, dtype), numpy_backend(model), new_seqs(lengths, 6), new_seqs(lengths, 6),
+                    prompts, steps=8, dtype=dtype)
 
 
 def test_long_contexts_take_the_partitioned_decode(gpu: Device, synthetic: LoadedModel) -> None:

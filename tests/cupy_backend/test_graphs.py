@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.base import SamplingInputs
+from backends.base import SamplingInputs, StepBatch
 from backends.config import BackendConfig
 from backends.cupy_backend.capture import CupyGraphs
 from backends.cupy_backend.graph_inputs import allocate_inputs
@@ -67,6 +67,33 @@ def test_static_inputs_pad_with_rows_that_write_and_read_no_kv() -> None:
     inputs.fill(make_batch(_seqs(1, 2), [[4]], BLOCK))  # a smaller step after a larger: the rest is padding again
     assert step.token_ids.tolist() == [4, 0, 0, 0] and step.slot_mapping.tolist()[1:] == [-1, -1, -1]
     assert step.context_lens.tolist() == [3, 0, 0, 0] and not step.block_tables[1:].any()
+
+
+def _windowed(batch: StepBatch, width: int) -> StepBatch:
+    """batch with window pool tables (-1 for a block given back) and slots of its own."""
+    tables = np.full((batch.num_seqs, width), -1, np.int32)
+    tables[:, -1] = 100 + np.arange(batch.num_seqs)
+    return replace(batch, window_tables=tables, window_slots=(100 + np.arange(batch.num_tokens)) * BLOCK)
+
+
+def test_window_pool_steps_are_graphable_with_tables_no_wider_than_the_graphs() -> None:
+    decode = make_batch(_seqs(3, 5), [[1], [2], [3]], BLOCK)
+    assert pure_decode(_windowed(decode, 4), max_blocks=4)
+    assert not pure_decode(_windowed(decode, 5), max_blocks=4)
+
+
+def test_static_inputs_hold_the_window_pools_tables_and_slots() -> None:
+    inputs = allocate_inputs(np, rows=4, max_blocks=5, block_size=BLOCK, window_pool=True)
+    batch = _windowed(make_batch(_seqs(3, 5), [[7], [8], [9]], BLOCK), 2)
+    inputs.fill(batch)
+    step, window = inputs.step, inputs.step.in_window_pool()
+    assert step.slot_mapping.tolist() == [*batch.slot_mapping.tolist(), -1]
+    assert batch.window_slots is not None and batch.window_tables is not None
+    assert window.slot_mapping.tolist() == [*batch.window_slots.tolist(), -1]
+    assert step.block_tables[:3, :4].tolist() == batch.block_tables.tolist() and not step.block_tables[3].any()
+    assert window.block_tables[:3, :2].tolist() == batch.window_tables.tolist() and not window.block_tables[3].any()
+    assert not window.block_tables[:, 2:].any() and step.query_start.tolist() == [0, 1, 2, 3, 4]
+    assert step.sample_rows.tolist() == [0, 1, 2, 3] and step.context_lens.tolist() == [6, 6, 6, 0]
 
 
 def _params(n: int, rng: np.random.Generator, **changes: Any) -> SamplingInputs:

@@ -8,6 +8,13 @@ namespace ps {
 // Elements of a head one lane owns in the decode kernel's split (head_dim / 16 lanes per token).
 constexpr int kPerLane = 16;
 
+// The first context position a query at position `last` sees: window > 0 (a sliding layer's) keeps the last
+// `window` positions up to its own, (last - window, last]; 0 keeps them all. Nothing before it is read, so a block
+// table entry wholly before the window may point anywhere (a window pool's -1, a block given back).
+__device__ __forceinline__ int window_start(int last, int window) {
+  return window > 0 && last + 1 > window ? last + 1 - window : 0;
+}
+
 // One kv head's view of a paged cache shaped (num_blocks, block_size, num_kv_heads, head_dim).
 struct KvLayout {
   int block_size, num_kv_heads, kv_head, head_dim;

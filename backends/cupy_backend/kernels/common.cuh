@@ -15,9 +15,9 @@
 // Expands X(suffix, type) once per storage dtype; the suffix ends every exported kernel name.
 #define PS_FOR_EACH_DTYPE(X) X(f32, float) X(f16, __half) X(bf16, __nv_bfloat16)
 // Expands X(suffix, type, head_dim) for the head sizes the attention kernels are compiled for.
-#define PS_FOR_EACH_DTYPE_AND_HEAD_DIM(X) \
-  X(f32, float, 64) X(f32, float, 128) X(f16, __half, 64) X(f16, __half, 128) X(bf16, __nv_bfloat16, 64) \
-  X(bf16, __nv_bfloat16, 128)
+#define PS_FOR_EACH_DTYPE_AND_HEAD_DIM(X)                                                                 \
+  X(f32, float, 64) X(f32, float, 128) X(f32, float, 256) X(f16, __half, 64) X(f16, __half, 128)           \
+  X(f16, __half, 256) X(bf16, __nv_bfloat16, 64) X(bf16, __nv_bfloat16, 128) X(bf16, __nv_bfloat16, 256)
 
 namespace ps {
 

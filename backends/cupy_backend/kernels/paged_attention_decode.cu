@@ -2,10 +2,13 @@
 // the block table. Online softmax with float accumulation, so nothing scales with the context length in
 // shared memory. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
 //
+// A sliding layer (window > 0) attends to the last `window` positions only, and reads nothing before them.
+//
 // Grid: (num_heads, num_seqs, num_partitions). Block: kThreads. Partition z covers context positions
-// [z * partition_size, (z + 1) * partition_size). The plain kernel has one partition spanning the whole context
-// and writes `out`; the partitioned one writes each partition's max logit, exp sum and normalised output, and
-// paged_attention_reduce (paged_attention_reduce.cu) merges them.
+// [lo + z * partition_size, lo + (z + 1) * partition_size), lo the window's first position (0 without one). The
+// plain kernel has one partition spanning the whole window and writes `out`; the partitioned one writes each
+// partition's max logit, exp sum and normalised output, and paged_attention_reduce (paged_attention_reduce.cu)
+// merges them.
 //
 // Work split: a lane group of kGroup = head_dim / 16 lanes owns one token at a time, each lane 16 of its
 // head_dim elements (16-byte loads). Every group keeps its own running max / sum / output over the tokens it
@@ -119,12 +122,13 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
                                        const T* __restrict__ v_cache, const int* __restrict__ block_tables,
                                        const int* __restrict__ context_lens, float scale, int num_kv_heads,
                                        int max_blocks_per_seq, int block_size, int q_stride,
-                                       int partition_size) {
+                                       int partition_size, int window) {
   using S = Split<T, D>;
   const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
   const long long row = static_cast<long long>(seq) * num_heads + head;
   const int ctx = context_lens[seq];
-  const int start = kPartial ? blockIdx.z * partition_size : 0;
+  const int lo = ps::window_start(ctx - 1, window);
+  const int start = lo + (kPartial ? blockIdx.z * partition_size : 0);
   const int end = kPartial ? ps::min_int(start + partition_size, ctx) : ctx;
   if (start >= end) {
     // Past the context: the reduce kernel never reads this partition. An empty (padding) sequence gets zeros.
@@ -169,17 +173,17 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
   extern "C" __global__ void paged_attention_decode_##SUFFIX##_d##D(                                         \
       T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,                       \
       const int* context_lens, float scale, int num_kv_heads, int max_blocks_per_seq, int block_size,        \
-      int q_stride) {                                                                                        \
+      int q_stride, int window) {                                                                            \
     ps_decode::decode<T, D, false>(out, nullptr, nullptr, nullptr, q, k_cache, v_cache, block_tables,        \
                                    context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,        \
-                                   q_stride, 0);                                                             \
+                                   q_stride, 0, window);                                                     \
   }                                                                                                          \
   extern "C" __global__ void paged_attention_decode_partitioned_##SUFFIX##_d##D(                             \
       float* exp_sums, float* max_logits, float* tmp_out, const T* q, const T* k_cache, const T* v_cache,    \
       const int* block_tables, const int* context_lens, float scale, int num_kv_heads,                       \
-      int max_blocks_per_seq, int block_size, int q_stride, int partition_size) {                            \
+      int max_blocks_per_seq, int block_size, int q_stride, int partition_size, int window) {                \
     ps_decode::decode<T, D, true>(nullptr, exp_sums, max_logits, tmp_out, q, k_cache, v_cache, block_tables, \
                                   context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,         \
-                                  q_stride, partition_size);                                                 \
+                                  q_stride, partition_size, window);                                         \
   }
 PS_FOR_EACH_DTYPE_AND_HEAD_DIM(PS_DEFINE_DECODE)

@@ -2,10 +2,13 @@
 // Sequence b owns query rows query_start[b] .. query_start[b + 1] - 1; they are the LAST q_len positions of
 // its context (context_lens[b] counts them, and their K/V are already in the cache), so query j sits at
 // position context_lens[b] - q_len + j and attends to cache positions 0 .. that position: the cached prefix
-// plus causal attention within the chunk. Decode rows are simply chunks of length 1.
+// plus causal attention within the chunk. Decode rows are simply chunks of length 1. A sliding layer (window > 0)
+// has each query see only the last `window` positions up to its own, and nothing before the first query's window
+// is read.
 //
 // Grid: (num_heads, num_seqs, ceil(max_q_len / kQTile)). Block: kThreads. Dynamic shared memory:
-// Smem<D>::kTotal floats (launch.prefill_shared_mem mirrors the layout).
+// Smem<D>::kTotal floats (launch.prefill_shared_mem mirrors the layout; past 48 KiB for head_dim 256, which the
+// launcher opts the kernel into).
 // Each block stages kQTile queries, then streams the keys in tiles of kKTile rows through shared memory.
 // Every warp owns kQPerWarp of the queries; for a query, lane j scores key j of the tile, and each lane
 // accumulates head_dim / 32 output elements. Online softmax in float.
@@ -46,17 +49,19 @@ __device__ __forceinline__ void load_kv_tile(float* sk, float* sv, const T* k_ca
   }
 }
 
-// One query (scaled, in shared memory) against one key tile starting at position kt; qpos >= kt.
-// Lane j scores key j; the tile max comes from the warp's score row, so the only warp-wide steps are three
+// One query (scaled, in shared memory) against one key tile starting at position kt; the query sees keys lo..qpos,
+// some of them in this tile (lo < kt + kKTile, qpos >= kt). Keys of the tile before lo (in an earlier query's
+// window, so loaded and finite) score kNegBig and weigh an exact 0. Lane j scores key j; the tile max comes from the warp's score row, so the only warp-wide steps are three
 // __syncwarp. l is kept per lane (each lane's own keys) and summed once at the end.
 template <int D>
 __device__ __forceinline__ void attend_tile(float& m, float& l, float (&acc)[D / ps::kWarpSize],
                                             const float* qrow, const float* sk, const float* sv,
-                                            float* scores, float* probs, int kt, int qpos) {
+                                            float* scores, float* probs, int kt, int qpos, int lo) {
   const int lane = threadIdx.x % ps::kWarpSize;
-  const int n = ps::min_int(kKTile, qpos - kt + 1);  // keys of this tile the query sees
+  const int n = ps::min_int(kKTile, qpos - kt + 1);  // the query sees keys lo - kt .. n - 1 of this tile
+  const bool seen = lane >= lo - kt && lane < n;
   float s = ps::kNegBig;
-  if (lane < n) {
+  if (seen) {
     const float* krow = sk + lane * (D + 1);
     s = 0.0f;
 #pragma unroll 16
@@ -67,7 +72,7 @@ __device__ __forceinline__ void attend_tile(float& m, float& l, float (&acc)[D /
   float m_new = m;
   for (int j = 0; j < n; ++j) m_new = fmaxf(m_new, scores[j]);
   const float alpha = __expf(m - m_new);
-  const float p = lane < n ? __expf(s - m_new) : 0.0f;
+  const float p = seen ? __expf(s - m_new) : 0.0f;
   l = l * alpha + p;
   probs[lane] = p;
   __syncwarp();
@@ -87,7 +92,7 @@ __device__ __forceinline__ void prefill(T* __restrict__ out, const T* __restrict
                                         const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                                         const int* __restrict__ block_tables, const int* __restrict__ context_lens,
                                         const int* __restrict__ query_start, float scale, int num_kv_heads,
-                                        int max_blocks_per_seq, int block_size, int q_stride) {
+                                        int max_blocks_per_seq, int block_size, int q_stride, int window) {
   constexpr int kE = D / ps::kWarpSize;
   EXTERN_SHARED(float, smem);
   const int head = blockIdx.x, seq = blockIdx.y, num_heads = gridDim.x;
@@ -97,6 +102,7 @@ __device__ __forceinline__ void prefill(T* __restrict__ out, const T* __restrict
   const int rows = ps::min_int(kQTile, q_len - tile0);
   const int first_pos = context_lens[seq] - q_len + tile0;  // position of this tile's first query
   const int key_end = first_pos + rows;  // the last query sees keys up to key_end - 1
+  const int key_begin = ps::window_start(first_pos, window);  // the first query's first key: none is earlier
   const ps::KvLayout kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks_per_seq;
   const long long q_row0 = q_begin + tile0;
@@ -119,15 +125,15 @@ __device__ __forceinline__ void prefill(T* __restrict__ out, const T* __restrict
 #pragma unroll
     for (int e = 0; e < kE; ++e) acc[i][e] = 0.0f;
   }
-  for (int kt = 0; kt < key_end; kt += kKTile) {
+  for (int kt = key_begin; kt < key_end; kt += kKTile) {
     __syncthreads();  // the previous tile is consumed (and, the first time, the queries are staged)
     load_kv_tile<T, D>(sk, sv, k_cache, v_cache, table, kv, kt, ps::min_int(kKTile, key_end - kt));
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kQPerWarp; ++i) {
-      const int r = warp * kQPerWarp + i;
-      if (r < rows && kt <= first_pos + r) {
-        attend_tile<D>(m[i], l[i], acc[i], sq + r * D, sk, sv, scores, probs, kt, first_pos + r);
+      const int r = warp * kQPerWarp + i, lo = ps::window_start(first_pos + r, window);
+      if (r < rows && kt <= first_pos + r && lo < kt + kKTile) {
+        attend_tile<D>(m[i], l[i], acc[i], sq + r * D, sk, sv, scores, probs, kt, first_pos + r, lo);
       }
     }
   }
@@ -149,8 +155,8 @@ __device__ __forceinline__ void prefill(T* __restrict__ out, const T* __restrict
   extern "C" __global__ void __launch_bounds__(ps_prefill::kThreads) paged_prefill_attention_##SUFFIX##_d##D( \
       T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,                       \
       const int* context_lens, const int* query_start, float scale, int num_kv_heads, int max_blocks_per_seq, \
-      int block_size, int q_stride) {                                                                        \
+      int block_size, int q_stride, int window) {                                                            \
     ps_prefill::prefill<T, D>(out, q, k_cache, v_cache, block_tables, context_lens, query_start, scale,     \
-                              num_kv_heads, max_blocks_per_seq, block_size, q_stride);                       \
+                              num_kv_heads, max_blocks_per_seq, block_size, q_stride, window);               \
   }
 PS_FOR_EACH_DTYPE_AND_HEAD_DIM(PS_DEFINE_PREFILL)
