@@ -54,6 +54,7 @@ class CupyBackend:
                  partition_size: int = launch.DEFAULT_PARTITION_SIZE, gemm: Gemm | None = None,
                  graphs: GraphSettings | None = None) -> None:
         _check_supported(config)
+        _check_shared_memory(config, device)
         self.config, self.device = config, device
         self.graph_settings = graphs if graphs is not None else GraphSettings()  # default: off
         self.storage = storage_for(dtype)
@@ -185,6 +186,17 @@ class CupyBackend:
 
         return StepOutput(np.asarray(host(r.token_ids), np.int64), opt(r.logprobs), opt(r.top_token_ids),
                           opt(r.top_logprobs))
+
+
+def _check_shared_memory(config: ModelConfig, device: Device) -> None:
+    """The prefill attention kernel's tiles at this head_dim must fit the shared memory a kernel may opt into
+    (head_dim 256 needs 82 KB: compute capability 7.0 or newer), refused at start-up rather than at the first
+    prompt."""
+    needed = launch.prefill_shared_mem(config.head_dim)
+    if 0 < device.shared_mem_per_block < needed:
+        raise BackendError(f"{device.name} gives a kernel at most {device.shared_mem_per_block // 1024} KB of "
+                           f"shared memory; the prefill attention at head_dim {config.head_dim} needs "
+                           f"{-(-needed // 1024)} KB ({config.name}); use --backend numpy")
 
 
 def _check_supported(config: ModelConfig, supported: frozenset[str] = SUPPORTED_FEATURES) -> None:

@@ -51,6 +51,7 @@ class Device:
     name: str = "cpu"
     info: dict[str, Any] = field(default_factory=dict)
     graphs: GraphCapture | None = None  # None: this device captures no graphs (decode steps stay eager)
+    shared_mem_per_block: int = 0  # the most dynamic shared memory a kernel may opt into; 0: unknown, no limit
 
 
 def import_cupy() -> Any:
@@ -87,10 +88,14 @@ def cupy_device() -> Device:
         name=_device_name(cupy),
         info={"cupy": cupy.__version__, "nvrtc_options": options},
         graphs=CupyGraphs.create(cupy),
+        shared_mem_per_block=int(_properties(cupy).get("sharedMemPerBlockOptin", 0)),
     )
 
 
+def _properties(cupy: Any) -> dict[str, Any]:
+    return dict(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id))
+
+
 def _device_name(cupy: Any) -> str:
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-    name = props.get("name", b"CUDA device")
+    name = _properties(cupy).get("name", b"CUDA device")
     return name.decode() if isinstance(name, bytes) else str(name)

@@ -209,6 +209,22 @@ def test_a_feature_it_lacks_is_refused_in_one_line(tmp_path: Path) -> None:
         _check_supported(model.config, SUPPORTED_FEATURES - {"GeGLU", "QK norm"})
 
 
+def test_a_gpu_without_the_prefill_tiles_shared_memory_is_refused_at_start_up(tmp_path: Path) -> None:
+    """head_dim 256's prefill tiles need 82 KB of shared memory, which a kernel must opt into: a device that
+    allows less (compute capability 6.x: 48 KB) is refused before any weight is uploaded, naming both."""
+    model = load_model(write_tiny_gemma3_d256(tmp_path / "gemma3.gguf"))
+
+    def on(limit: int) -> Device:
+        return Device(xp=np, launcher=CupyLauncher(fake_cupy(), None), name="GPU", shared_mem_per_block=limit)
+
+    with pytest.raises(BackendError, match=r"^GPU gives a kernel at most 48 KB of shared memory; the prefill "
+                                           r"attention at head_dim 256 needs 82 KB \(.*\); use --backend numpy$"):
+        CupyBackend(model.config, model.weights, on(48 * 1024))
+    CupyBackend(model.config, model.weights, on(227 * 1024))  # an A100's or H100's: accepted
+    llama = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))
+    CupyBackend(llama.config, llama.weights, on(48 * 1024))  # head_dim 64's tiles fit the default
+
+
 def test_positions_past_the_context_length_are_refused(tmp_path: Path) -> None:
     model = load_model(write_tiny_llama_d64(tmp_path / "d64.gguf"))  # context length 256
     backend = CupyBackend(model.config, model.weights, Device(xp=np, launcher=CupyLauncher(fake_cupy(), None)))
