@@ -73,8 +73,9 @@ def test_each_tier_reports_the_grouped_kernel_it_should(matmul_for: Matmul, tier
 @pytest.mark.parametrize(("rows", "cols"), SHAPES)
 def test_a_grouped_projection_is_the_stored_ones_bit_for_bit(matmul_for: Matmul, tier: CpuTier | str, rows: int,
                                                              cols: int) -> None:
-    """Every step size through the C kernels: the 8-bit groups, x in lanes, and on amx the tiles (their bfloat16
-    rows converted from the groups); 100 rows past the stored path's own limit where the tiles take any."""
+    """Every step size through the C kernels: the 8-bit groups, x in lanes, and on amx the tiles (the groups as
+    their second operand, x as the first, where the stored rows are the first); 100 rows past the stored path's
+    own limit where the tiles take any."""
     if isinstance(tier, str):
         hardware_absent(tier)
     fast = matmul_for(tier, True)

@@ -129,53 +129,8 @@ static inline __attribute__((always_inline)) void row_to_bf16_t(const uint8_t *r
     }
 }
 
-#if Q8_GROUPED_BUILT
-/* A regrouped Q8_0 group (q8_grouped.h: its 16 rows from `first`) as bfloat16 A rows of kp values: each block's 8
- * vectors (word c of row j at lane j, + 128) made signed and transposed to rows in registers, then each row
- * converted as deq_block16 converts a stored block (q * d, exact in float32, rounded alike), so the tiles'
- * products are the stored matrix's. */
-static void group_to_tiles(const Weights *w, int64_t first, int64_t k, uint16_t *a, int64_t kp) {
-    const uint8_t *group = weights_row(w, first);
-    const __m512i low = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), high = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    int8_t rows[GROUPED_ROWS][QBLOCK] __attribute__((aligned(64)));
-    for (int64_t b = 0; b < k / QBLOCK; b++) {
-        const uint8_t *block = group + b * GROUPED_BLOCK;
-        __m512i v[8], t[8];
-        for (int c = 0; c < 8; c++) v[c] = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
-        for (int c = 0; c < 8; c += 2) /* lane L of t[c], t[c + 1]: words c, c + 1 of rows 4L .. 4L + 3 */
-            t[c] = _mm512_unpacklo_epi32(v[c], v[c + 1]), t[c + 1] = _mm512_unpackhi_epi32(v[c], v[c + 1]);
-        for (int h = 0; h < 2; h++) /* lane L of v[4h + i]: words 4h .. 4h + 3 of row 4L + i */
-            for (int p = 0; p < 2; p++) {
-                v[4 * h + 2 * p] = _mm512_unpacklo_epi64(t[4 * h + p], t[4 * h + 2 + p]);
-                v[4 * h + 2 * p + 1] = _mm512_unpackhi_epi64(t[4 * h + p], t[4 * h + 2 + p]);
-            }
-        for (int i = 0; i < 4; i++) { /* rows i and 4 + i, then 8 + i and 12 + i: words 0-3 beside 4-7 */
-            const __m512i lo = _mm512_permutex2var_epi64(v[i], low, v[4 + i]), hi = _mm512_permutex2var_epi64(v[i], high, v[4 + i]);
-            _mm256_store_si256((__m256i *)rows[i], _mm512_castsi512_si256(lo));
-            _mm256_store_si256((__m256i *)rows[4 + i], _mm512_extracti64x4_epi64(lo, 1));
-            _mm256_store_si256((__m256i *)rows[8 + i], _mm512_castsi512_si256(hi));
-            _mm256_store_si256((__m256i *)rows[12 + i], _mm512_extracti64x4_epi64(hi, 1));
-        }
-        float d[GROUPED_ROWS];
-        _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block)));
-        for (int j = 0; j < GROUPED_ROWS; j++) {
-            const __m512 dj = _mm512_set1_ps(d[j]);
-            const __m512 v0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)rows[j]))), dj);
-            const __m512 v1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(rows[j] + 16)))), dj);
-            _mm512_storeu_si512(a + j * kp + b * QBLOCK, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
-        }
-    }
-}
-#endif
-
 /* 16 weight rows (first.., zeros past n) as bfloat16 A rows of kp values. */
 static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t k, int64_t kp, uint16_t *a) {
-#if Q8_GROUPED_BUILT
-    if (w->type == WEIGHTS_Q8_0_G16) { /* first and n multiples of 16: one whole group */
-        group_to_tiles(w, first, k, a, kp);
-        return;
-    }
-#endif
     for (int64_t j = 0; j < FAST_TILE; j++) {
         uint16_t *to = a + j * kp;
         if (first + j >= n) {
@@ -263,6 +218,118 @@ static void project_amx(const float *x, const Weights *w, float *y, int64_t m, i
     _tile_release();
 }
 
+#if Q8_GROUPED_BUILT
+/* Regrouped Q8_0 (q8_grouped.h) on the tiles, past 32 rows of x. A group's block is 16 rows x 4 bytes a vector,
+ * which is how TDPBF16PS reads its second operand (pairs of values of 16 columns side by side), so here the
+ * weights are the second operand and x the first: each vector converts to two B rows where the stored rows took
+ * a transpose, and C comes out as rows of x, stored without gathers. Each C value is the same sum of the same
+ * bfloat16 products in the same order as project_amx's (its operands swapped), so the results are the stored
+ * matrix's, bit for bit. */
+
+/* x as bfloat16 A rows: m_padded rows of kp values, zeros past m and k, shared among the threads. */
+static void x_to_rows(const float *x, int64_t m, int64_t k, int64_t kp, uint16_t *xa, int64_t m_padded) {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m_padded; i++)
+        for (int64_t at = 0; at < kp; at += FAST_K) {
+            const int64_t left = i < m ? k - at : 0; /* k % 8 == 0: a partial slice ends in whole vectors */
+            const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
+            const __mmask16 hi = (__mmask16)(left >= 32 ? 0xffff : left > 16 ? (1u << (left - 16)) - 1 : 0);
+            const float *from = x + i * k + at;
+            _mm512_storeu_si512(xa + i * kp + at, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, from + 16),
+                                                                             _mm512_maskz_loadu_ps(lo, from)));
+        }
+}
+
+/* A group's k / 32 blocks as B tiles (16 rows of 64 bytes each): block b's vector c (k = 4c .. 4c + 3 of rows
+ * 0..15) becomes B rows 2c and 2c + 1 (pairs (4c, 4c + 1) and (4c + 2, 4c + 3), row j's at 4j), each value
+ * q * d rounded to bfloat16 as deq_block16 rounds a stored block's. */
+static void group_to_b(const uint8_t *group, int64_t k, uint16_t *b_tiles) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t b = 0; b < k / QBLOCK; b++) {
+        const uint8_t *block = group + b * GROUPED_BLOCK;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 dq[4]; /* lane l of dq[h]: row 4h + l / 4's d */
+        for (int h = 0; h < 4; h++) dq[h] = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)), d);
+        uint16_t *tile = b_tiles + b * FAST_TILE * FAST_K;
+        for (int c = 0; c < 8; c++) {
+            const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
+            __m512 v[4];
+            for (int h = 0; h < 4; h++)
+                v[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(q, h))), dq[h]);
+            const __m512i rows0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), rows1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+            _mm512_storeu_si512(tile + (2 * c) * FAST_K, _mm512_permutex2var_epi32(rows0, even, rows1));
+            _mm512_storeu_si512(tile + (2 * c + 1) * FAST_K, _mm512_permutex2var_epi32(rows0, odd, rows1));
+        }
+    }
+}
+
+/* y[i, first + j] (+)= c[i][j] for the valid rows of x tile mt (rows of C are rows of x). */
+static void store_rows(const float *c, float *y, int64_t m, int64_t n, int64_t mt, int64_t first, int add) {
+    for (int64_t i = mt * FAST_TILE; i < m && i < (mt + 1) * FAST_TILE; i++) {
+        __m512 v = _mm512_loadu_ps(c + (i - mt * FAST_TILE) * FAST_TILE);
+        if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(y + i * n + first));
+        _mm512_storeu_ps(y + i * n + first, v);
+    }
+}
+
+/* C for x tiles mt (and mt + 1 with `pair`) by the groups' B tiles g0 and g1 (g1 NULL: none), into c (four
+ * blocks: (mt, g0), (mt, g1), (mt + 1, g0), (mt + 1, g1)). */
+static void amx_grouped_tiles(const uint16_t *xa, int64_t kp, int64_t mt, int pair, const uint16_t *g0,
+                              const uint16_t *g1, float *c) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kt = 0; kt < kp / FAST_K; kt++) {
+        _tile_loadd(4, xa + mt * FAST_TILE * kp + kt * FAST_K, kp * 2);
+        _tile_loadd(6, g0 + kt * FAST_TILE * FAST_K, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (g1 != NULL) {
+            _tile_loadd(7, g1 + kt * FAST_TILE * FAST_K, 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+        if (pair) {
+            _tile_loadd(5, xa + (mt + 1) * FAST_TILE * kp + kt * FAST_K, kp * 2);
+            _tile_dpbf16ps(2, 5, 6);
+            if (g1 != NULL) _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    const int64_t block = FAST_TILE * FAST_TILE;
+    _tile_stored(0, c, 64);
+    if (g1 != NULL) _tile_stored(1, c + block, 64);
+    if (pair) _tile_stored(2, c + 2 * block, 64);
+    if (pair && g1 != NULL) _tile_stored(3, c + 3 * block, 64);
+}
+
+/* project_amx for a regrouped matrix (n % 16 == 0; k % 32 == 0, so kp == k): xa as project_amx's xv, b_tiles
+ * two groups' B tiles (32 k values: the size of project_amx's A rows), c four C blocks. */
+static void project_amx_grouped(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
+                                int add, uint16_t *xa, int64_t m_padded, uint16_t *b_tiles, float *c) {
+    x_to_rows(x, m, k, k, xa, m_padded); /* its omp for ends in a barrier: xa is complete */
+    amx_configure();
+    const int64_t span = 2 * GROUPED_ROWS, block = FAST_TILE * FAST_TILE;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < (n + span - 1) / span; t++) {
+        const int64_t first = t * span, two = first + GROUPED_ROWS < n;
+        group_to_b(weights_row(w, first), k, b_tiles);
+        if (two) group_to_b(weights_row(w, first + GROUPED_ROWS), k, b_tiles + GROUPED_ROWS * k);
+        const int64_t next = first + span, rows = n - next < span ? n - next : span;
+        for (int64_t line = 0; rows > 0 && line < rows * w->row_bytes; line += 64)
+            __builtin_prefetch(weights_row(w, next) + line, 0, PREFETCH_LOCALITY);
+        for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
+            const int pair = mt + 1 < m_padded / FAST_TILE;
+            amx_grouped_tiles(xa, k, mt, pair, b_tiles, two ? b_tiles + GROUPED_ROWS * k : NULL, c);
+            store_rows(c, y, m, n, mt, first, add);
+            if (two) store_rows(c + block, y, m, n, mt, first + GROUPED_ROWS, add);
+            if (pair) store_rows(c + 2 * block, y, m, n, mt + 1, first, add);
+            if (pair && two) store_rows(c + 3 * block, y, m, n, mt + 1, first + GROUPED_ROWS, add);
+        }
+    }
+    _tile_release();
+}
+#endif
 #endif /* FAST_AMX */
 
 /* Whether a step of m rows on weights the tiles read takes the 8-bit path instead: Q4_0 / Q4_1 below a tile
@@ -333,8 +400,13 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if Q8_GROUPED_BUILT
-    /* only in the fast precision (the callers refuse it otherwise); on the tiles where stored Q8_0 would be */
-    if (w->type == WEIGHTS_Q8_0_G16 && !(f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m))) {
+    if (w->type == WEIGHTS_Q8_0_G16) { /* only in the fast precision (the callers refuse it otherwise) */
+#if FAST_AMX
+        if (f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m)) { /* where stored Q8_0 takes the tiles */
+            project_amx_grouped(x, w, y, m, k, n, add, f->xv, f->m_padded, (uint16_t *)mine, mine + FAST_TILE * f->kp);
+            return;
+        }
+#endif
         if (thread == 0) q8_projections++;
         project_q8_grouped(x, w, y, m, k, n, add, mine);
         return;
