@@ -144,34 +144,44 @@ static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t
     }
 }
 
-/* C (weight rows x rows of x) for weight tiles a0, a1 (a1 NULL: none) against x tiles mt, mt + 1 (`pair`),
- * summed over K, into c: four 16 x 16 blocks, (a0, mt), (a1, mt), (a0, mt + 1), (a1, mt + 1). */
-static void amx_tiles(const uint16_t *a0, const uint16_t *a1, int64_t kp, const uint16_t *xv, int64_t mt, int pair,
-                      float *c) {
-    const int64_t tiles_k = kp / FAST_K;
+/* Four 16 x 16 C blocks into c: first0 . second0, first1 . second0, first0 . second1, first1 . second1 (first1
+ * or second1 NULL: not computed), summed over kts slices of 32 values; a first operand's slice kt at + kt * 32,
+ * its rows first_stride bytes apart, a second operand's at + kt * second_step, its rows 64 bytes apart. */
+static void tile_products(const uint16_t *first0, const uint16_t *first1, int64_t first_stride,
+                          const uint16_t *second0, const uint16_t *second1, int64_t second_step, int64_t kts,
+                          float *c) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    for (int64_t kt = 0; kt < tiles_k; kt++) {
-        _tile_loadd(4, a0 + kt * FAST_K, kp * 2);
-        _tile_loadd(6, xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+    for (int64_t kt = 0; kt < kts; kt++) {
+        _tile_loadd(4, first0 + kt * FAST_K, first_stride);
+        _tile_loadd(6, second0 + kt * second_step, 64);
         _tile_dpbf16ps(0, 4, 6);
-        if (a1 != NULL) {
-            _tile_loadd(5, a1 + kt * FAST_K, kp * 2);
+        if (first1 != NULL) {
+            _tile_loadd(5, first1 + kt * FAST_K, first_stride);
             _tile_dpbf16ps(1, 5, 6);
         }
-        if (pair) {
-            _tile_loadd(7, xv + ((mt + 1) * tiles_k + kt) * FAST_K * FAST_TILE, 64);
+        if (second1 != NULL) {
+            _tile_loadd(7, second1 + kt * second_step, 64);
             _tile_dpbf16ps(2, 4, 7);
-            if (a1 != NULL) _tile_dpbf16ps(3, 5, 7);
+            if (first1 != NULL) _tile_dpbf16ps(3, 5, 7);
         }
     }
     const int64_t block = FAST_TILE * FAST_TILE;
     _tile_stored(0, c, 64);
-    if (a1 != NULL) _tile_stored(1, c + block, 64);
-    if (pair) _tile_stored(2, c + 2 * block, 64);
-    if (pair && a1 != NULL) _tile_stored(3, c + 3 * block, 64);
+    if (first1 != NULL) _tile_stored(1, c + block, 64);
+    if (second1 != NULL) _tile_stored(2, c + 2 * block, 64);
+    if (second1 != NULL && first1 != NULL) _tile_stored(3, c + 3 * block, 64);
+}
+
+/* C (weight rows x rows of x) for weight tiles a0, a1 (a1 NULL: none) against x tiles mt, mt + 1 (`pair`),
+ * summed over K, into c: four 16 x 16 blocks, (a0, mt), (a1, mt), (a0, mt + 1), (a1, mt + 1). */
+static void amx_tiles(const uint16_t *a0, const uint16_t *a1, int64_t kp, const uint16_t *xv, int64_t mt, int pair,
+                      float *c) {
+    const int64_t tiles_k = kp / FAST_K, tile = FAST_K * FAST_TILE;
+    tile_products(a0, a1, kp * 2, xv + mt * tiles_k * tile, pair ? xv + (mt + 1) * tiles_k * tile : NULL, tile,
+                  tiles_k, c);
 }
 
 /* y[i, first + j] (+)= one C block's c[j][i] for x tile mt: the valid rows of x and weight rows only, each
@@ -274,35 +284,6 @@ static void store_rows(const float *c, float *y, int64_t m, int64_t n, int64_t m
     }
 }
 
-/* C for x tiles mt (and mt + 1 with `pair`) by the groups' B tiles g0 and g1 (g1 NULL: none), into c (four
- * blocks: (mt, g0), (mt, g1), (mt + 1, g0), (mt + 1, g1)). */
-static void amx_grouped_tiles(const uint16_t *xa, int64_t kp, int64_t mt, int pair, const uint16_t *g0,
-                              const uint16_t *g1, float *c) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kt = 0; kt < kp / FAST_K; kt++) {
-        _tile_loadd(4, xa + mt * FAST_TILE * kp + kt * FAST_K, kp * 2);
-        _tile_loadd(6, g0 + kt * FAST_TILE * FAST_K, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        if (g1 != NULL) {
-            _tile_loadd(7, g1 + kt * FAST_TILE * FAST_K, 64);
-            _tile_dpbf16ps(1, 4, 7);
-        }
-        if (pair) {
-            _tile_loadd(5, xa + (mt + 1) * FAST_TILE * kp + kt * FAST_K, kp * 2);
-            _tile_dpbf16ps(2, 5, 6);
-            if (g1 != NULL) _tile_dpbf16ps(3, 5, 7);
-        }
-    }
-    const int64_t block = FAST_TILE * FAST_TILE;
-    _tile_stored(0, c, 64);
-    if (g1 != NULL) _tile_stored(1, c + block, 64);
-    if (pair) _tile_stored(2, c + 2 * block, 64);
-    if (pair && g1 != NULL) _tile_stored(3, c + 3 * block, 64);
-}
-
 /* project_amx for a regrouped matrix (n % 16 == 0; k % 32 == 0, so kp == k): xa as project_amx's xv, b_tiles
  * two groups' B tiles (32 k values: the size of project_amx's A rows), c four C blocks. */
 static void project_amx_grouped(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
@@ -320,10 +301,12 @@ static void project_amx_grouped(const float *x, const Weights *w, float *y, int6
             __builtin_prefetch(weights_row(w, next) + line, 0, PREFETCH_LOCALITY);
         for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
             const int pair = mt + 1 < m_padded / FAST_TILE;
-            amx_grouped_tiles(xa, k, mt, pair, b_tiles, two ? b_tiles + GROUPED_ROWS * k : NULL, c);
+            const uint16_t *x0 = xa + mt * FAST_TILE * k, *x1 = pair ? x0 + FAST_TILE * k : NULL;
+            tile_products(x0, x1, k * 2, b_tiles, two ? b_tiles + GROUPED_ROWS * k : NULL, FAST_TILE * FAST_K,
+                          k / FAST_K, c);
             store_rows(c, y, m, n, mt, first, add);
-            if (two) store_rows(c + block, y, m, n, mt, first + GROUPED_ROWS, add);
-            if (pair) store_rows(c + 2 * block, y, m, n, mt + 1, first, add);
+            if (pair) store_rows(c + block, y, m, n, mt + 1, first, add);
+            if (two) store_rows(c + 2 * block, y, m, n, mt, first + GROUPED_ROWS, add);
             if (pair && two) store_rows(c + 3 * block, y, m, n, mt + 1, first + GROUPED_ROWS, add);
         }
     }
