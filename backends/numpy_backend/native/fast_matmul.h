@@ -29,6 +29,7 @@
 
 #include "q8_dots.h"
 #include "quant_matmul.h"
+#include "threads.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define FAST_AMX 1
@@ -144,12 +145,57 @@ static void weights_to_tiles(const Weights *w, int64_t first, int64_t n, int64_t
     }
 }
 
+/* Work for the vector units while the tiles multiply (tile_products): a regrouped span's blocks converted to the
+ * tiles' second operand, one block a slice. */
+typedef struct {
+    const uint8_t *groups[2]; /* the span's groups (q8_grouped.h); NULL: none */
+    int64_t k;
+    uint16_t *b_tiles; /* where: each group's k / 32 tiles of 16 rows of 64 bytes */
+} GroupConversion;
+
+#if Q8_GROUPED_BUILT
+/* A group's block as one B tile (16 rows of 64 bytes): its vector c (k = 4c .. 4c + 3 of rows 0..15) becomes B
+ * rows 2c and 2c + 1 (pairs (4c, 4c + 1) and (4c + 2, 4c + 3), row j's at 4j), each value q * d rounded to
+ * bfloat16 as deq_block16 rounds a stored block's. */
+static void group_block_to_b(const uint8_t *block, uint16_t *tile) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+    __m512 dq[4]; /* lane l of dq[h]: row 4h + l / 4's d */
+    for (int h = 0; h < 4; h++) dq[h] = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)), d);
+    for (int c = 0; c < 8; c++) {
+        const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
+        __m512 v[4];
+        for (int h = 0; h < 4; h++)
+            v[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(q, h))), dq[h]);
+        const __m512i rows0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), rows1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+        _mm512_storeu_si512(tile + (2 * c) * FAST_K, _mm512_permutex2var_epi32(rows0, even, rows1));
+        _mm512_storeu_si512(tile + (2 * c + 1) * FAST_K, _mm512_permutex2var_epi32(rows0, odd, rows1));
+    }
+}
+#endif
+
+/* Block b of each group of `work` converted (none: NULL, or past the groups' blocks). */
+static inline void convert_block(const GroupConversion *work, int64_t b) {
+#if Q8_GROUPED_BUILT
+    if (work == NULL || b >= work->k / QBLOCK) return;
+    for (int g = 0; g < 2; g++)
+        if (work->groups[g] != NULL)
+            group_block_to_b(work->groups[g] + b * GROUPED_BLOCK, work->b_tiles + (g * work->k / QBLOCK + b) * FAST_TILE * FAST_K);
+#else
+    (void)work, (void)b;
+#endif
+}
+
 /* Four 16 x 16 C blocks into c: first0 . second0, first1 . second0, first0 . second1, first1 . second1 (first1
  * or second1 NULL: not computed), summed over kts slices of 32 values; a first operand's slice kt at + kt * 32,
- * its rows first_stride bytes apart, a second operand's at + kt * second_step, its rows 64 bytes apart. */
+ * its rows first_stride bytes apart, a second operand's at + kt * second_step, its rows 64 bytes apart. `also`
+ * (NULL: none): block kt of the next span's groups converted after slice kt's products are issued, so that the
+ * vector units convert while the tile unit multiplies. */
 static void tile_products(const uint16_t *first0, const uint16_t *first1, int64_t first_stride,
                           const uint16_t *second0, const uint16_t *second1, int64_t second_step, int64_t kts,
-                          float *c) {
+                          float *c, const GroupConversion *also) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -167,7 +213,9 @@ static void tile_products(const uint16_t *first0, const uint16_t *first1, int64_
             _tile_dpbf16ps(2, 4, 7);
             if (first1 != NULL) _tile_dpbf16ps(3, 5, 7);
         }
+        convert_block(also, kt);
     }
+    for (int64_t b = kts; also != NULL && b < also->k / QBLOCK; b++) convert_block(also, b);
     const int64_t block = FAST_TILE * FAST_TILE;
     _tile_stored(0, c, 64);
     if (first1 != NULL) _tile_stored(1, c + block, 64);
@@ -181,7 +229,7 @@ static void amx_tiles(const uint16_t *a0, const uint16_t *a1, int64_t kp, const 
                       float *c) {
     const int64_t tiles_k = kp / FAST_K, tile = FAST_K * FAST_TILE;
     tile_products(a0, a1, kp * 2, xv + mt * tiles_k * tile, pair ? xv + (mt + 1) * tiles_k * tile : NULL, tile,
-                  tiles_k, c);
+                  tiles_k, c, NULL);
 }
 
 /* y[i, first + j] (+)= one C block's c[j][i] for x tile mt: the valid rows of x and weight rows only, each
@@ -250,31 +298,6 @@ static void x_to_rows(const float *x, int64_t m, int64_t k, int64_t kp, uint16_t
         }
 }
 
-/* A group's k / 32 blocks as B tiles (16 rows of 64 bytes each): block b's vector c (k = 4c .. 4c + 3 of rows
- * 0..15) becomes B rows 2c and 2c + 1 (pairs (4c, 4c + 1) and (4c + 2, 4c + 3), row j's at 4j), each value
- * q * d rounded to bfloat16 as deq_block16 rounds a stored block's. */
-static void group_to_b(const uint8_t *group, int64_t k, uint16_t *b_tiles) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    for (int64_t b = 0; b < k / QBLOCK; b++) {
-        const uint8_t *block = group + b * GROUPED_BLOCK;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-        __m512 dq[4]; /* lane l of dq[h]: row 4h + l / 4's d */
-        for (int h = 0; h < 4; h++) dq[h] = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)), d);
-        uint16_t *tile = b_tiles + b * FAST_TILE * FAST_K;
-        for (int c = 0; c < 8; c++) {
-            const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
-            __m512 v[4];
-            for (int h = 0; h < 4; h++)
-                v[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(q, h))), dq[h]);
-            const __m512i rows0 = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]), rows1 = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
-            _mm512_storeu_si512(tile + (2 * c) * FAST_K, _mm512_permutex2var_epi32(rows0, even, rows1));
-            _mm512_storeu_si512(tile + (2 * c + 1) * FAST_K, _mm512_permutex2var_epi32(rows0, odd, rows1));
-        }
-    }
-}
-
 /* y[i, first + j] (+)= c[i][j] for the valid rows of x tile mt (rows of C are rows of x). */
 static void store_rows(const float *c, float *y, int64_t m, int64_t n, int64_t mt, int64_t first, int add) {
     for (int64_t i = mt * FAST_TILE; i < m && i < (mt + 1) * FAST_TILE; i++) {
@@ -284,33 +307,54 @@ static void store_rows(const float *c, float *y, int64_t m, int64_t n, int64_t m
     }
 }
 
+/* Span t's groups (two, or one at n's end) as a conversion into b_tiles. */
+static GroupConversion span_groups(const Weights *w, int64_t t, int64_t n, int64_t k, uint16_t *b_tiles) {
+    const int64_t first = t * 2 * GROUPED_ROWS;
+    GroupConversion g = {{weights_row(w, first), NULL}, k, b_tiles};
+    if (first + GROUPED_ROWS < n) g.groups[1] = weights_row(w, first + GROUPED_ROWS);
+    return g;
+}
+
+/* One span's products against every pair of x tiles, stored; the next span's conversion beside the first pair. */
+static void grouped_span(const GroupConversion *now, const GroupConversion *next, const uint16_t *xa, float *y,
+                         int64_t m, int64_t m_padded, int64_t n, int64_t first, int add, float *c) {
+    const int64_t k = now->k, block = FAST_TILE * FAST_TILE, two = now->groups[1] != NULL;
+    for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
+        const int pair = mt + 1 < m_padded / FAST_TILE;
+        const uint16_t *x0 = xa + mt * FAST_TILE * k, *x1 = pair ? x0 + FAST_TILE * k : NULL;
+        tile_products(x0, x1, k * 2, now->b_tiles, two ? now->b_tiles + GROUPED_ROWS * k : NULL, FAST_TILE * FAST_K,
+                      k / FAST_K, c, mt == 0 ? next : NULL);
+        store_rows(c, y, m, n, mt, first, add);
+        if (pair) store_rows(c + block, y, m, n, mt + 1, first, add);
+        if (two) store_rows(c + 2 * block, y, m, n, mt, first + GROUPED_ROWS, add);
+        if (pair && two) store_rows(c + 3 * block, y, m, n, mt + 1, first + GROUPED_ROWS, add);
+    }
+}
+
 /* project_amx for a regrouped matrix (n % 16 == 0; k % 32 == 0, so kp == k): xa as project_amx's xv, b_tiles
- * two groups' B tiles (32 k values: the size of project_amx's A rows), c four C blocks. */
+ * two spans' B tiles (two groups each, 64 k values), c four C blocks. Each thread takes a run of spans of 32
+ * rows (as a static schedule would) and converts span t + 1 while the tiles multiply span t; a barrier ends it. */
 static void project_amx_grouped(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
-                                int add, uint16_t *xa, int64_t m_padded, uint16_t *b_tiles, float *c) {
+                                int add, uint16_t *xa, int64_t m_padded, uint16_t *b_tiles, float *c, int thread) {
     x_to_rows(x, m, k, k, xa, m_padded); /* its omp for ends in a barrier: xa is complete */
     amx_configure();
-    const int64_t span = 2 * GROUPED_ROWS, block = FAST_TILE * FAST_TILE;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < (n + span - 1) / span; t++) {
-        const int64_t first = t * span, two = first + GROUPED_ROWS < n;
-        group_to_b(weights_row(w, first), k, b_tiles);
-        if (two) group_to_b(weights_row(w, first + GROUPED_ROWS), k, b_tiles + GROUPED_ROWS * k);
-        const int64_t next = first + span, rows = n - next < span ? n - next : span;
-        for (int64_t line = 0; rows > 0 && line < rows * w->row_bytes; line += 64)
-            __builtin_prefetch(weights_row(w, next) + line, 0, PREFETCH_LOCALITY);
-        for (int64_t mt = 0; mt < m_padded / FAST_TILE; mt += 2) {
-            const int pair = mt + 1 < m_padded / FAST_TILE;
-            const uint16_t *x0 = xa + mt * FAST_TILE * k, *x1 = pair ? x0 + FAST_TILE * k : NULL;
-            tile_products(x0, x1, k * 2, b_tiles, two ? b_tiles + GROUPED_ROWS * k : NULL, FAST_TILE * FAST_K,
-                          k / FAST_K, c);
-            store_rows(c, y, m, n, mt, first, add);
-            if (pair) store_rows(c + block, y, m, n, mt + 1, first, add);
-            if (two) store_rows(c + 2 * block, y, m, n, mt, first + GROUPED_ROWS, add);
-            if (pair && two) store_rows(c + 3 * block, y, m, n, mt + 1, first + GROUPED_ROWS, add);
-        }
+    const int64_t spans = (n + 2 * GROUPED_ROWS - 1) / (2 * GROUPED_ROWS), share = (spans + TEAM_SIZE - 1) / TEAM_SIZE;
+    const int64_t begin = thread * share, end = begin + share < spans ? begin + share : spans;
+    if (begin < end) {
+        const GroupConversion first = span_groups(w, begin, n, k, b_tiles);
+        for (int64_t b = 0; b < k / QBLOCK; b++) convert_block(&first, b);
+    }
+    for (int64_t t = begin; t < end; t++) {
+        uint16_t *now_tiles = b_tiles + ((t - begin) % 2) * 2 * GROUPED_ROWS * k;
+        uint16_t *next_tiles = b_tiles + ((t - begin + 1) % 2) * 2 * GROUPED_ROWS * k;
+        const GroupConversion now = span_groups(w, t, n, k, now_tiles);
+        const GroupConversion next = t + 1 < end ? span_groups(w, t + 1, n, k, next_tiles) : now;
+        for (int64_t line = 0; t + 2 < end && line < 2 * GROUPED_ROWS * w->row_bytes; line += 64) /* the one after */
+            __builtin_prefetch(weights_row(w, (t + 2) * 2 * GROUPED_ROWS) + line, 0, PREFETCH_LOCALITY);
+        grouped_span(&now, t + 1 < end ? &next : NULL, xa, y, m, m_padded, n, t * 2 * GROUPED_ROWS, add, c);
     }
     _tile_release();
+#pragma omp barrier
 }
 #endif
 #endif /* FAST_AMX */
@@ -359,8 +403,9 @@ static int projection_work_alloc(ProjectionWork *f, int64_t m, int64_t kmax, int
     f->tiles = fast && m >= FAST_MIN_ROWS && fast_uses_amx();
     f->kp = (kmax + FAST_K - 1) / FAST_K * FAST_K;
     f->m_padded = (m + FAST_TILE - 1) / FAST_TILE * FAST_TILE;
-    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats) and 4 C blocks; exact: strips */
-    const int64_t tiles = f->tiles ? FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
+    /* tiles: A for two tiles of weight rows (32 kp bfloat16 = 16 kp floats; a regrouped matrix's two spans of B
+     * tiles, twice that) and 4 C blocks; exact: strips */
+    const int64_t tiles = f->tiles ? 2 * FAST_TILE * f->kp + 4 * FAST_TILE * FAST_TILE : 0;
     /* past the small steps, only where a group takes x six rows at a time: three at a time lost to the strips */
     f->q8 = Q8_DOTS && fast && m > 0 && (m < FAST_MIN_ROWS || (Q8_CHUNK > 3 && m <= Q8_MAX_ROWS) || Q8_LANES);
     const int64_t strips = quant_buffer_floats(kmax), q8 = f->q8 ? (q8_work_bytes(m, kmax) + 3) / 4 : 0;
@@ -386,7 +431,8 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
     if (w->type == WEIGHTS_Q8_0_G16) { /* only in the fast precision (the callers refuse it otherwise) */
 #if FAST_AMX
         if (f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m)) { /* where stored Q8_0 takes the tiles */
-            project_amx_grouped(x, w, y, m, k, n, add, f->xv, f->m_padded, (uint16_t *)mine, mine + FAST_TILE * f->kp);
+            project_amx_grouped(x, w, y, m, k, n, add, f->xv, f->m_padded, (uint16_t *)mine,
+                                mine + 2 * FAST_TILE * f->kp, thread);
             return;
         }
 #endif

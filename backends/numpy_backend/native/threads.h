@@ -6,9 +6,11 @@
 #include <omp.h>
 #define THREAD_ID omp_get_thread_num()
 #define MAX_THREADS omp_get_max_threads()
+#define TEAM_SIZE omp_get_num_threads() /* the enclosing parallel region's */
 #else
 #define THREAD_ID 0
 #define MAX_THREADS 1
+#define TEAM_SIZE 1
 #endif
 
 #endif
