@@ -1,7 +1,7 @@
-"""Q8_0 regrouped 16 rows at a time for the fast precision's AVX-512 VNNI kernel (grouped_q8.py, q8_grouped.h):
-the values stay gguf's, the projections are the stored matrix's bit for bit on every path (8-bit x from one row
-to any, the AMX tiles past 32 rows), only the fast precision on the tiers with the kernel regroups, the stored
-copy is freed, and the C kernels refuse a regrouped matrix anywhere else."""
+"""Q8_0 and Q5_0 regrouped 16 rows at a time for the fast precision's AVX-512 VNNI kernel (grouped_q8.py,
+q8_grouped.h): the values stay gguf's, the projections are the stored matrix's bit for bit on every path (8-bit x
+from one row to any, Q8_0 on the AMX tiles past 32 rows), only the fast precision on the tiers with the kernel
+regroups, the stored copy is freed, and the C kernels refuse a regrouped matrix anywhere else."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ from backends.model.quant import QuantMatrix
 from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.cpu_tiers import CpuTier
 from backends.numpy_backend.native.fused_step import NativeFusedStep
-from backends.numpy_backend.native.grouped_q8 import GroupedQ8, group, group_weights, groupable, stored_rows
+from backends.numpy_backend.native.grouped_q8 import (
+    LAYOUTS,
+    GroupedMatrix,
+    group,
+    group_weights,
+    groupable,
+    stored_rows,
+)
 from backends.numpy_backend.native.matmul import NativeMatmul
 from backends.numpy_backend.native.weights import STORED_TYPES
 from tests.backends.tiers import GROUPED_Q8, RUNNABLE
@@ -34,9 +41,12 @@ ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 64)
 SHAPES = ((96, 160), (48, 64), (32, 576))  # (out, in): widths of 5, 2 and 18 blocks, none a super-block multiple
 
 
-def stored(rows: int, cols: int, seed: int = 0) -> QuantMatrix:
+GROUPED_TYPES = (Q.Q8_0, Q.Q5_0)
+
+
+def stored(rows: int, cols: int, seed: int = 0, qtype: Q = Q.Q8_0) -> QuantMatrix:
     values = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
-    return QuantMatrix.quantize(values, Q.Q8_0)
+    return QuantMatrix.quantize(values, qtype)
 
 
 def grouped_tiers() -> list[CpuTier | str]:
@@ -44,21 +54,23 @@ def grouped_tiers() -> list[CpuTier | str]:
     return tiers or ["no AVX-512 VNNI on this machine"]
 
 
+@pytest.mark.parametrize("qtype", GROUPED_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize(("rows", "cols"), SHAPES)
-def test_regrouping_keeps_every_value_and_every_byte(rows: int, cols: int) -> None:
-    matrix = stored(rows, cols)
+def test_regrouping_keeps_every_value_and_every_byte(rows: int, cols: int, qtype: Q) -> None:
+    matrix = stored(rows, cols, qtype=qtype)
     grouped = group(matrix)
     assert grouped.shape == matrix.shape and grouped.nbytes == matrix.nbytes
     assert not np.array_equal(grouped.data, matrix.data)  # the bytes moved
     np.testing.assert_array_equal(grouped.dequantize(), matrix.dequantize())
     ids = np.array([rows - 1, 0, 17, 17, 5])
     np.testing.assert_array_equal(grouped.rows(ids), matrix.rows(ids))
-    np.testing.assert_array_equal(stored_rows(grouped.data, np.arange(rows), cols), matrix.data)
+    np.testing.assert_array_equal(stored_rows(grouped.data, np.arange(rows), cols, LAYOUTS[qtype]), matrix.data)
 
 
 def test_only_whole_groups_of_stored_q8_0_are_regrouped() -> None:
     assert groupable(stored(32, 64))
     assert not groupable(stored(40, 64))  # 40 rows: not whole groups of 16
+    assert groupable(stored(32, 64, qtype=Q.Q5_0))
     assert not groupable(QuantMatrix.quantize(np.ones((32, 64), np.float32), Q.Q4_0))
     assert not groupable(group(stored(32, 64)))  # once
     assert not groupable(np.ones((32, 64), np.float32))
@@ -70,19 +82,20 @@ def test_each_tier_reports_the_grouped_kernel_it_should(matmul_for: Matmul, tier
 
 
 @pytest.mark.parametrize("tier", grouped_tiers(), ids=lambda t: getattr(t, "name", "absent"))
+@pytest.mark.parametrize("qtype", GROUPED_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize(("rows", "cols"), SHAPES)
 def test_a_grouped_projection_is_the_stored_ones_bit_for_bit(matmul_for: Matmul, tier: CpuTier | str, rows: int,
-                                                             cols: int) -> None:
+                                                             cols: int, qtype: Q) -> None:
     """Every step size through the C kernels: the 8-bit groups, x in lanes, and on amx the tiles (the groups as
     their second operand, x as the first, where the stored rows are the first); 100 rows past the stored path's
-    own limit where the tiles take any."""
+    own limit where the tiles take Q8_0 at any."""
     if isinstance(tier, str):
         hardware_absent(tier)
     fast = matmul_for(tier, True)
-    matrix = stored(rows, cols, seed=rows)
+    matrix = stored(rows, cols, seed=rows, qtype=qtype)
     grouped = group(matrix)
     rng = np.random.default_rng(cols)
-    for m in (*ROWS, *((100,) if fast.fast_uses_tiles else ())):
+    for m in (*ROWS, *((100,) if fast.fast_uses_tiles and qtype == Q.Q8_0 else ())):  # stored Q5_0: BLAS past 64
         x = rng.standard_normal((m, cols)).astype(np.float32)
         expected = fast.project(x, matrix)
         np.testing.assert_array_equal(fast.project(x, grouped), expected, err_msg=f"{m} rows")
@@ -102,11 +115,12 @@ def test_the_exact_kernels_refuse_a_grouped_matrix(matmul_for: Matmul, tier: Cpu
     np.testing.assert_array_equal(matmul_for(tier, True).dense(grouped), grouped.dequantize())
 
 
-@pytest.fixture(scope="module")
-def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Q8_0 everywhere, and every matrix's rows whole groups of 16 (a 32-token vocabulary, the tied head)."""
+@pytest.fixture(scope="module", params=GROUPED_TYPES, ids=lambda q: q.name)
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """One grouped type everywhere, and every matrix's rows whole groups of 16 (a 32-token vocabulary, the tied
+    head)."""
     shape = TinyShape(layers=3, heads=4, kv_heads=1, head_size=32, sliding_window=8)
-    return write_tiny_gemma3(tmp_path_factory.mktemp("grouped") / "tiny.gguf", Q.Q8_0, seed=3, shape=shape)
+    return write_tiny_gemma3(tmp_path_factory.mktemp("grouped") / "tiny.gguf", request.param, seed=3, shape=shape)
 
 
 def step_logits(backend: NumpyBackend, prompts: list[list[int]]) -> np.ndarray:
@@ -128,8 +142,8 @@ def test_the_backend_regroups_in_the_fast_precision_only(tiny_gemma: Path) -> No
     if not NativeMatmul(fast=True, tier=fast.cpu_tier).groups_q8:
         hardware_absent(f"no grouped Q8_0 kernel on tier {fast.cpu_tier}")
     weights = fast.model.weights
-    assert isinstance(weights.lm_head, GroupedQ8) and weights.embedding is weights.lm_head
-    assert all(isinstance(layer.wqkv, GroupedQ8) for layer in weights.layers)
+    assert isinstance(weights.lm_head, GroupedMatrix) and weights.embedding is weights.lm_head
+    assert all(isinstance(layer.wqkv, GroupedMatrix) for layer in weights.layers)
     assert type(NumpyBackend(model, "native", "exact").model.weights.lm_head) is QuantMatrix
     as_stored = NumpyBackend(model, "native", "fast", group_q8=False)
     assert type(as_stored.model.weights.lm_head) is QuantMatrix
@@ -156,7 +170,7 @@ def test_the_stored_matrices_are_freed(tiny_gemma: Path) -> None:
     model = load_model(str(tiny_gemma), stored=STORED_TYPES)
     head = weakref.ref(model.weights.lm_head.data)
     backend = NumpyBackend(model, "native", "fast")
-    if not isinstance(backend.model.weights.lm_head, GroupedQ8):
+    if not isinstance(backend.model.weights.lm_head, GroupedMatrix):
         hardware_absent(f"no grouped Q8_0 kernel on tier {backend.cpu_tier}")
     del model
     gc.collect()

@@ -182,7 +182,7 @@ static inline void convert_block(const GroupConversion *work, int64_t b) {
     if (work == NULL || b >= work->k / QBLOCK) return;
     for (int g = 0; g < 2; g++)
         if (work->groups[g] != NULL)
-            group_block_to_b(work->groups[g] + b * GROUPED_BLOCK, work->b_tiles + (g * work->k / QBLOCK + b) * FAST_TILE * FAST_K);
+            group_block_to_b(work->groups[g] + b * grouped_block_bytes(WEIGHTS_Q8_0_G16), work->b_tiles + (g * work->k / QBLOCK + b) * FAST_TILE * FAST_K);
 #else
     (void)work, (void)b;
 #endif
@@ -428,9 +428,10 @@ static void project_step(const float *x, const Weights *w, float *y, int64_t m, 
                          ProjectionWork *f, int thread) {
     float *mine = f->per_thread + (int64_t)thread * f->stride;
 #if Q8_GROUPED_BUILT
-    if (w->type == WEIGHTS_Q8_0_G16) { /* only in the fast precision (the callers refuse it otherwise) */
+    if (is_grouped(w->type)) { /* only in the fast precision (the callers refuse it otherwise) */
 #if FAST_AMX
-        if (f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m)) { /* where stored Q8_0 takes the tiles */
+        /* Q8_0 on the tiles where stored Q8_0 takes them; Q5_0 never (stored, no tile reads it either) */
+        if (w->type == WEIGHTS_Q8_0_G16 && f->tiles && !q8_before_tiles(WEIGHTS_Q8_0, m)) {
             project_amx_grouped(x, w, y, m, k, n, add, f->xv, f->m_padded, (uint16_t *)mine,
                                 mine + 2 * FAST_TILE * f->kp, thread);
             return;

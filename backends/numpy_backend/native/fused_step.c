@@ -291,8 +291,8 @@ static int check_shape(const ModelShape *m, const LayerRefs *layers, const StepR
 /* 1 when a layer holds a matrix regrouped for the fast precision's kernel (q8_grouped.h), which no other reads. */
 static int any_grouped(const ModelShape *m, const LayerRefs *layers) {
     for (int64_t l = 0; l < m->layers; l++)
-        if (layers[l].wqkv.type == WEIGHTS_Q8_0_G16 || layers[l].wo.type == WEIGHTS_Q8_0_G16
-            || layers[l].w_gate_up.type == WEIGHTS_Q8_0_G16 || layers[l].w_down.type == WEIGHTS_Q8_0_G16)
+        if (is_grouped(layers[l].wqkv.type) || is_grouped(layers[l].wo.type) || is_grouped(layers[l].w_gate_up.type)
+            || is_grouped(layers[l].w_down.type))
             return 1;
     return 0;
 }

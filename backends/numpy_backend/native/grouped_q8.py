@@ -1,12 +1,13 @@
-"""Q8_0 matrices regrouped 16 rows at a time for the fast precision's kernel on AVX-512 VNNI (q8_grouped.h).
+"""Q8_0 and Q5_0 matrices regrouped 16 rows at a time for the fast precision's kernel on AVX-512 VNNI
+(q8_grouped.h).
 
-As a file stores it, a Q8_0 row is its blocks one after another, and the kernel multiplying 16 rows at once
-first transposes them in registers. Regrouped once at load, a group's block is its 16 rows' scales and then
-their weights 4 bytes per row per vector, each + 128, in the order the kernel consumes them: Gemma 3's output
-head (178 MB) is read at the bus's speed instead of 74 % of it. The regrouped matrix takes the bytes the stored
-one took (the stored copy is freed), and only that kernel reads it: the exact precision's kernels, and tiers
-without it, keep rows as stored. The values are Q8_0's: `rows` and `dequantize` give what gguf gives for the
-stored matrix.
+As a file stores it, a row is its blocks one after another, and the kernel multiplying 16 rows at once first
+transposes them in registers. Regrouped once at load, a group's block is its 16 rows' scales (and Q5_0's fifth
+bits), then their weights 4 bytes per row per vector, in the order the kernel consumes them (Q8_0's + 128): Gemma
+3's output head (178 MB) is read at the bus's speed instead of 74 % of it. The regrouped matrix takes the bytes
+the stored one took (the stored copy is freed), and only that kernel reads it: the exact precision's kernels, and
+tiers without it, keep rows as stored. The values are the type's: `rows` and `dequantize` give what gguf gives for
+the stored matrix.
 """
 
 from __future__ import annotations
@@ -22,58 +23,87 @@ from backends.model.loader import return_freed_memory
 from backends.model.quant import Matrix, QuantMatrix, dequantize_rows
 from backends.model.weights import LayerWeights, ModelWeights
 
-Q8_0 = GGMLQuantizationType.Q8_0
+Q = GGMLQuantizationType
 GROUP_ROWS = 16  # rows a group (q8_grouped.h's GROUPED_ROWS)
-C_TYPE = 1008  # quant.h's WEIGHTS_Q8_0_G16
-_BLOCK, _SCALES = 34, 2  # a Q8_0 block's bytes, and its float16 d's
 _CHUNK_ROWS = 4096  # rows regrouped at a time: the temporaries stay a few MB
 
 
 @dataclass(frozen=True)
-class GroupedQ8(QuantMatrix):
-    """A Q8_0 matrix whose `data` holds the regrouped bytes (same shape and size as the stored rows); only the
-    grouped kernel reads `data`, everything else goes through `rows` and `dequantize`."""
+class Layout:
+    """A block as stored: `header` fields (their bytes, in order) and then `words` 4-byte words of weights."""
+
+    header: tuple[int, ...]
+    words: int
+    flip: int  # XORed into every weight byte (Q8_0's + 128: unsigned for vpdpbusd)
+    c_type: int  # quant.h's id of the regrouped type
+
+    @property
+    def block_bytes(self) -> int:
+        return sum(self.header) + 4 * self.words
+
+
+LAYOUTS = {Q.Q8_0: Layout((2,), 8, 0x80, 1008), Q.Q5_0: Layout((2, 4), 4, 0, 1006)}  # d; d, qh
+
+
+@dataclass(frozen=True)
+class GroupedMatrix(QuantMatrix):
+    """A Q8_0 or Q5_0 matrix whose `data` holds the regrouped bytes (same shape and size as the stored rows); only
+    the grouped kernel reads `data`, everything else goes through `rows` and `dequantize`."""
+
+    @property
+    def c_type(self) -> int:
+        return LAYOUTS[self.qtype].c_type
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        return dequantize_rows(Q8_0, stored_rows(self.data, np.asarray(ids, np.int64), self.shape[1]), self.shape[1])
+        stored = stored_rows(self.data, np.asarray(ids, np.int64), self.shape[1], LAYOUTS[self.qtype])
+        return dequantize_rows(self.qtype, stored, self.shape[1])
 
     def dequantize(self) -> np.ndarray:
         return self.rows(np.arange(self.shape[0]))
 
 
 def groupable(matrix: Matrix) -> bool:
-    """A Q8_0 matrix as stored whose rows fill whole groups."""
-    return type(matrix) is QuantMatrix and matrix.qtype == Q8_0 and matrix.shape[0] % GROUP_ROWS == 0
+    """A Q8_0 or Q5_0 matrix as stored whose rows fill whole groups."""
+    return type(matrix) is QuantMatrix and matrix.qtype in LAYOUTS and matrix.shape[0] % GROUP_ROWS == 0
 
 
-def group(matrix: QuantMatrix) -> GroupedQ8:
+def group(matrix: QuantMatrix) -> GroupedMatrix:
     """The matrix regrouped (a new array, filled a chunk of rows at a time)."""
-    out = np.empty_like(matrix.data)
+    out, layout = np.empty_like(matrix.data), LAYOUTS[matrix.qtype]
     for first in range(0, matrix.shape[0], _CHUNK_ROWS):
         rows = matrix.data[first:first + _CHUNK_ROWS]
-        out[first:first + len(rows)] = _grouped(rows, matrix.shape[1] // 32)
-    return GroupedQ8(Q8_0, matrix.shape, out)
+        out[first:first + len(rows)] = _grouped(rows, matrix.shape[1] // 32, layout)
+    return GroupedMatrix(matrix.qtype, matrix.shape, out)
 
 
-def _grouped(rows: np.ndarray, blocks: int) -> np.ndarray:
-    """Whole groups of stored rows, regrouped: per group and block the 16 d's, then word c of row j at 64 c + 4 j."""
-    groups = len(rows) // GROUP_ROWS
-    stored = rows.reshape(groups, GROUP_ROWS, blocks, _BLOCK).transpose(0, 2, 1, 3)  # (group, block, row, byte)
-    scales = stored[..., :_SCALES].reshape(groups, blocks, -1)
-    words = (stored[..., _SCALES:] ^ 0x80).reshape(groups, blocks, GROUP_ROWS, 8, 4).transpose(0, 1, 3, 2, 4)
-    return np.concatenate([scales, words.reshape(groups, blocks, -1)], axis=-1).reshape(len(rows), -1)
+def _grouped(rows: np.ndarray, blocks: int, layout: Layout) -> np.ndarray:
+    """Whole groups of stored rows, regrouped: per group and block each header field of the 16 rows, then word c
+    of row j at 64 c + 4 j."""
+    groups, head = len(rows) // GROUP_ROWS, sum(layout.header)
+    stored = rows.reshape(groups, GROUP_ROWS, blocks, layout.block_bytes).transpose(0, 2, 1, 3)  # group, block, row
+    fields, at = [], 0
+    for size in layout.header:
+        fields.append(stored[..., at:at + size].reshape(groups, blocks, -1))
+        at += size
+    words = (stored[..., head:] ^ layout.flip).reshape(groups, blocks, GROUP_ROWS, layout.words, 4)
+    fields.append(words.transpose(0, 1, 3, 2, 4).reshape(groups, blocks, -1))
+    return np.concatenate(fields, axis=-1).reshape(len(rows), -1)
 
 
-def stored_rows(data: np.ndarray, ids: np.ndarray, cols: int) -> np.ndarray:
-    """Rows `ids` of a regrouped matrix as the file stores them (ids, cols / 32 * 34)."""
-    blocks = cols // 32
-    grouped = data.reshape(-1, blocks, GROUP_ROWS * _BLOCK)
-    group_of, lane = ids // GROUP_ROWS, ids % GROUP_ROWS
-    scale_at = _SCALES * lane[:, None] + np.arange(_SCALES)  # (ids, 2)
-    word_at = GROUP_ROWS * _SCALES + 64 * np.arange(8)[:, None] + 4 * lane[:, None, None] + np.arange(4)
-    at = np.concatenate([scale_at, word_at.reshape(len(ids), -1)], axis=-1)  # (ids, 34): a row's block bytes
-    picked = grouped[group_of[:, None, None], np.arange(blocks)[None, :, None], at[:, None, :]]
-    picked[..., _SCALES:] ^= 0x80
+def stored_rows(data: np.ndarray, ids: np.ndarray, cols: int, layout: Layout) -> np.ndarray:
+    """Rows `ids` of a regrouped matrix as the file stores them (ids, cols / 32 * block bytes)."""
+    blocks, head = cols // 32, sum(layout.header)
+    grouped = data.reshape(-1, blocks, GROUP_ROWS * layout.block_bytes)
+    group_of, lane = ids // GROUP_ROWS, (ids % GROUP_ROWS)[:, None]
+    parts, at = [], 0
+    for size in layout.header:  # field bytes of row j at 16 * (the fields before) + size * j
+        parts.append(GROUP_ROWS * at + size * lane + np.arange(size))
+        at += size
+    words = GROUP_ROWS * head + 64 * np.arange(layout.words)[:, None] + 4 * lane[:, :, None] + np.arange(4)
+    parts.append(words.reshape(len(ids), -1))
+    where = np.concatenate(parts, axis=-1)  # (ids, block bytes): a row's block, in stored order
+    picked = grouped[group_of[:, None, None], np.arange(blocks)[None, :, None], where[:, None, :]]
+    picked[..., head:] ^= layout.flip
     return picked.reshape(len(ids), -1)
 
 
@@ -89,7 +119,7 @@ def group_weights(weights: ModelWeights) -> ModelWeights:
     layers = tuple(_layer(layer, regrouped) for layer in weights.layers)
     grouped = dataclasses.replace(weights, embedding=regrouped(weights.embedding), layers=layers,
                                   lm_head=regrouped(weights.lm_head))
-    return_freed_memory()  # the chunks' temporaries: glibc would keep their heap (9 MiB of Gemma 3's)
+    return_freed_memory()  # the chunks' temporaries: glibc would keep their heap
     return grouped
 
 

@@ -17,7 +17,7 @@ from backends.model.quant import Matrix, QuantMatrix, dense
 from backends.numpy_backend.native.arrays import is_c_array
 from backends.numpy_backend.native.build import SOURCE_DIR, build_library
 from backends.numpy_backend.native.cpu_tiers import CpuTier, host_tier
-from backends.numpy_backend.native.grouped_q8 import GroupedQ8
+from backends.numpy_backend.native.grouped_q8 import GroupedMatrix
 from backends.numpy_backend.native.weights import (
     EIGHT_LANES_ONLY,
     LANE_STEP_TYPES,
@@ -43,7 +43,7 @@ class NativeMatmul:
     (fast_matmul.h): on a CPU whose AMX tiles the process may use, for any number of rows (not on the
     EIGHT_LANES_ONLY types: Q5_0, Q5_1, the K-quants); on every tier but generic, steps of 1-3 rows on the
     SMALL_STEP_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants) with 8-bit x (q8_dots.h, q8_k.h, q8_k23.h,
-    q8_lanes.h); on the AVX-512 VNNI tiers, any steps on Q8_0 matrices regrouped at load (GroupedQ8,
+    q8_lanes.h); on the AVX-512 VNNI tiers, any steps on Q8_0 and Q5_0 matrices regrouped at load (GroupedMatrix,
     q8_grouped.h), with the stored matrix's results. Other steps are exact."""
 
     def __init__(self, max_rows: int = MAX_ROWS, cache_dir: Path | None = None, fast: bool = False,
@@ -76,7 +76,7 @@ class NativeMatmul:
 
     def project(self, x: np.ndarray, w: Matrix) -> np.ndarray:
         tiles = self.fast and self.fast_uses_tiles and not (isinstance(w, QuantMatrix) and w.qtype in EIGHT_LANES_ONLY)
-        if not self._fits(x, w, tiles or isinstance(w, GroupedQ8)):  # the grouped kernel takes any rows
+        if not self._fits(x, w, tiles or isinstance(w, GroupedMatrix)):  # the grouped kernel takes any rows
             return x @ self.dense(w).T
         rows, inner = x.shape
         out = np.empty((rows, w.shape[0]), np.float32)
@@ -106,8 +106,8 @@ class NativeMatmul:
         else:
             tiles = f"exact (no AMX tiles on {tier})"
         small = "8-bit x, integer dot products" if self.fast_small_steps else f"exact (no 8-bit path on {tier})"
-        reach = " up to 32 rows, the tiles past them" if self.fast_uses_tiles else ", any rows"
-        grouped = f"; Q8_0 regrouped 16 rows at a time at load: 8-bit x{reach}" if self.groups_q8 else ""
+        reach = " (Q8_0 up to 32 rows, the tiles past them)" if self.fast_uses_tiles else ", any rows"
+        grouped = f"; Q5_0 / Q8_0 regrouped 16 rows at a time at load: 8-bit x{reach}" if self.groups_q8 else ""
         return (f"steps of 4 rows or more: {tiles}; steps of 1-3 rows on {small_types} weights: {small}; "
                 f"steps of 1-3 rows on other weights: exact{grouped}")
 
@@ -120,7 +120,7 @@ class NativeMatmul:
         """w as float32: itself, or dequantized by the kernels' threads when the C kernel reads its type."""
         if not isinstance(w, QuantMatrix):
             return w
-        if not readable(w) or isinstance(w, GroupedQ8):  # the C dequantization reads rows as stored
+        if not readable(w) or isinstance(w, GroupedMatrix):  # the C dequantization reads rows as stored
             return w.dequantize()
         out = np.empty(w.shape, np.float32)
         if self._dequantize(w.data.ctypes.data, w.row_bytes, int(w.qtype), out.ctypes.data, *w.shape) != 0:

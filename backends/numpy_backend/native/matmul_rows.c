@@ -22,7 +22,7 @@ int matmul_rows_f32(const float *x, const float *w, float *y, int64_t m, int64_t
 int matmul_weights_f32(const float *x, const uint8_t *data, int64_t row_bytes, int32_t type, float *y, int64_t m,
                        int64_t k, int64_t n, int fast) {
     if (k <= 0 || m < 0 || n < 0 || !weights_supported(type, k)) return -2;
-    if (type == WEIGHTS_Q8_0_G16 && (!fast || n % 16 != 0)) return -2; /* q8_grouped.h's kernel alone reads it */
+    if (is_grouped(type) && (!fast || n % 16 != 0)) return -2; /* q8_grouped.h's kernels alone read them */
     const Weights w = {data, row_bytes, type};
     const int threads = MAX_THREADS;
     ProjectionWork work;
@@ -48,7 +48,7 @@ int fast_wide_steps(void) { return Q8_DOTS && Q8_CHUNK > 3; }
 /* 1 when Q8_0 and the K-quants take the 8-bit path with x in lanes from 8 rows, past 64 rows too (AVX-512 VNNI). */
 int fast_lane_steps(void) { return Q8_LANES; }
 
-/* 1 when the fast precision reads Q8_0 regrouped 16 rows at a time (q8_grouped.h: AVX-512 VNNI). */
+/* 1 when the fast precision reads Q5_0 and Q8_0 regrouped 16 rows at a time (q8_grouped.h: AVX-512 VNNI). */
 int fast_grouped_q8(void) { return Q8_GROUPED_BUILT; }
 
 /* How many projections have run the 8-bit small steps in this process (0 without them). */
@@ -62,7 +62,7 @@ int64_t fast_small_steps_run(void) {
 
 /* out (n, k) float32 = the stored matrix, rows shared among the threads; -2 as matmul_weights_f32. */
 int dequantize_f32(const uint8_t *data, int64_t row_bytes, int32_t type, float *out, int64_t n, int64_t k) {
-    if (k <= 0 || n < 0 || !weights_supported(type, k) || type == WEIGHTS_Q8_0_G16) return -2;
+    if (k <= 0 || n < 0 || !weights_supported(type, k) || is_grouped(type)) return -2;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; r++) dequantize_any_row(data + r * row_bytes, type, k, out + r * k);
     return 0;

@@ -20,10 +20,11 @@
 enum {
     WEIGHTS_F32 = 0, WEIGHTS_F16 = 1, WEIGHTS_Q4_0 = 2, WEIGHTS_Q4_1 = 3, WEIGHTS_Q5_0 = 6, WEIGHTS_Q5_1 = 7,
     WEIGHTS_Q8_0 = 8, WEIGHTS_Q2_K = 10, WEIGHTS_Q3_K = 11, WEIGHTS_Q4_K = 12, WEIGHTS_Q5_K = 13, WEIGHTS_Q6_K = 14, WEIGHTS_BF16 = 30,
-    WEIGHTS_Q8_0_G16 = 1008 /* ours: Q8_0 regrouped 16 rows at a time (q8_grouped.h), for the fast precision only */
+    /* ours: Q5_0 and Q8_0 regrouped 16 rows at a time (q8_grouped.h), for the fast precision only */
+    WEIGHTS_Q5_0_G16 = 1006, WEIGHTS_Q8_0_G16 = 1008
 };
-/* Whether this build reads WEIGHTS_Q8_0_G16 (its kernel needs AVX-512 VNNI); its rows are not rows of blocks, so
- * only that kernel may see it */
+/* Whether this build reads the regrouped types (their kernel needs AVX-512 VNNI); their rows are not rows of
+ * blocks, so only that kernel may see them */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define Q8_GROUPED_BUILT 1
 #else
@@ -42,6 +43,9 @@ typedef struct {
 } Weights;
 
 static inline const uint8_t *weights_row(const Weights *w, int64_t r) { return w->data + r * w->row_bytes; }
+
+/* 1 for the regrouped types (q8_grouped.h), which only the fast precision's grouped kernels read. */
+static inline int is_grouped(int32_t type) { return type == WEIGHTS_Q5_0_G16 || type == WEIGHTS_Q8_0_G16; }
 
 typedef uint8_t u8x16 __attribute__((vector_size(16), aligned(1)));
 typedef uint16_t u16x8 __attribute__((vector_size(16), aligned(1)));
@@ -394,7 +398,7 @@ static inline int weights_supported(int32_t type, int64_t k) {
     case WEIGHTS_Q4_0: case WEIGHTS_Q4_1: case WEIGHTS_Q8_0: case WEIGHTS_Q5_0: case WEIGHTS_Q5_1: return k % QBLOCK == 0;
     case WEIGHTS_Q2_K: case WEIGHTS_Q3_K: case WEIGHTS_Q4_K: case WEIGHTS_Q5_K: case WEIGHTS_Q6_K: return k % QK_K == 0;
     case WEIGHTS_F32: case WEIGHTS_F16: case WEIGHTS_BF16: return k % LANES == 0;
-    case WEIGHTS_Q8_0_G16: return Q8_GROUPED_BUILT && k % QBLOCK == 0;
+    case WEIGHTS_Q5_0_G16: case WEIGHTS_Q8_0_G16: return Q8_GROUPED_BUILT && k % QBLOCK == 0;
     default: return 0;
     }
 }

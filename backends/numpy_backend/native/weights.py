@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 
 from backends.model.quant import Matrix, QuantMatrix
 from backends.numpy_backend.native.arrays import is_c_array
-from backends.numpy_backend.native.grouped_q8 import C_TYPE, GroupedQ8
+from backends.numpy_backend.native.grouped_q8 import GroupedMatrix
 
 Q = GGMLQuantizationType
 # What the kernels read as stored (quant.h, quant_k.h): the types kept as stored when the backend loads with gguf
@@ -46,6 +46,6 @@ def readable(matrix: Matrix) -> bool:
 def c_weights(matrix: Matrix) -> CWeights:
     """The descriptor of a readable matrix; the caller keeps `matrix` alive while C uses it."""
     if isinstance(matrix, QuantMatrix):
-        kind = C_TYPE if isinstance(matrix, GroupedQ8) else int(matrix.qtype)
+        kind = matrix.c_type if isinstance(matrix, GroupedMatrix) else int(matrix.qtype)
         return CWeights(matrix.data.ctypes.data, matrix.row_bytes, kind)
     return CWeights(matrix.ctypes.data, matrix.shape[1] * 4, int(Q.F32))
