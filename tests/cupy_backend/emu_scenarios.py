@@ -173,15 +173,20 @@ def expected_kernels(dtype: str) -> set[str]:
     return {f"{n}_{short}" for n in names} | {f"{n}_{short}_d64" for n in attention}
 
 
-def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
-    pair = make_pair(library, model_path, dtype)
-    rng = np.random.default_rng(3)
-    seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
-    # Contexts are 22..32 here; the steps take them past PARTITION_SIZE.
+def common_steps(pair: Pair, seed: int, kernels: set[str]) -> None:
+    """Prefill and a mixed step, a copy-on-write fork, 4 greedy steps and a verification step, every one of
+    `kernels` launched along the way. (Contexts are 22..32 after the fork; the steps take them past
+    PARTITION_SIZE.)"""
+    seqs = fork_with_copy(pair, prefill_and_mixed(pair, np.random.default_rng(seed)))
     greedy_steps(pair, seqs, steps=4)
     verify_step(pair, seqs)
-    missing = expected_kernels(dtype) - set(pair.launcher.names)
+    missing = kernels - set(pair.launcher.names)
     assert not missing, f"kernels never launched: {sorted(missing)}"
+
+
+def full_scenario(library: Path, model_path: Path, dtype: str) -> None:
+    pair = make_pair(library, model_path, dtype)
+    common_steps(pair, 3, expected_kernels(dtype))
     print(f"{dtype}: {len(pair.launcher.names)} launches, gemm {pair.cupy.gemm.name}")
 
 
@@ -232,12 +237,7 @@ def feature_scenario(library: Path, model_path: Path, arch: str, dtype: str) -> 
     path = write_tiny_feature_model(model_path.with_name(f"tiny-{arch}-{dtype}.gguf"), arch)
     pair = make_pair(library, path, dtype)
     assert pair.cupy.config.features, "the tiny model has none of the features it is meant to test"
-    rng = np.random.default_rng(9)
-    seqs = fork_with_copy(pair, prefill_and_mixed(pair, rng))
-    greedy_steps(pair, seqs, steps=4)
-    verify_step(pair, seqs)
-    missing = expected_kernels(dtype) - set(pair.launcher.names)
-    assert not missing, f"kernels never launched: {sorted(missing)}"
+    common_steps(pair, 9, expected_kernels(dtype))
     print(f"{arch} {dtype} ({', '.join(pair.cupy.config.features)}): {len(pair.launcher.names)} launches")
 
 
