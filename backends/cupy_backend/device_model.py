@@ -79,12 +79,10 @@ def upload_weights(xp: Any, storage: Storage, config: ModelConfig, weights: Mode
 
 
 def rope_tables(config: ModelConfig) -> dict[float, np.ndarray]:
-    """A cos/sin table per RoPE base the layers use (Gemma 3's sliding layers have their own), the frequency
-    factors applied to the global base's only, as the NumPy forward does."""
-    bases = {config.layer_rope_base(i) for i in range(config.num_layers)}
-    return {base: reference.rope_cos_sin_cache(config.context_length, config.head_dim, base,
-                                               config.rope_freq_factors if base == config.rope_theta else ())
-            for base in bases}
+    """A cos/sin table per RoPE base (ModelConfig.rope_bases: Gemma 3's sliding layers have their own), as the
+    NumPy forward builds them."""
+    return {base: reference.rope_cos_sin_cache(config.context_length, config.head_dim, base, factors)
+            for base, factors in config.rope_bases().items()}
 
 
 def _layer(put: Any, layer: LayerWeights) -> DeviceLayer:

@@ -46,6 +46,13 @@ class ModelConfig:
     def layer_rope_base(self, layer: int) -> float:
         return self.arch.local_rope_base if self.layer_window(layer) else self.rope_theta
 
+    def rope_bases(self) -> dict[float, tuple[float, ...]]:
+        """Each RoPE base a table is built for, with its frequency factors: the layers' bases and the global one
+        (even where every layer slides: the fused C step takes its table as the step's first); the factors
+        (Llama 3's) belong to the global base alone."""
+        bases = {self.rope_theta} | {self.layer_rope_base(i) for i in range(self.num_layers)}
+        return {base: self.rope_freq_factors if base == self.rope_theta else () for base in bases}
+
     @property
     def features(self) -> tuple[str, ...]:
         """The architecture's features and the model's own beyond Llama's layer, in words (for refusals)."""

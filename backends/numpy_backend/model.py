@@ -46,11 +46,8 @@ class DecoderForward:
         self.chunk_attention = chunk_attention  # a prefill chunk's attention, one sequence at a time
         self.project = project  # x @ w.T, for every weight matrix
         self.fused_step = fused_step  # every layer of a small step in one C call, when built
-        # the global base even where every layer slides: the fused step takes its table as the step's first
-        bases = {config.rope_theta} | {config.layer_rope_base(i) for i in range(config.num_layers)}
-        self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length,
-                                            config.rope_freq_factors if base == config.rope_theta else ())
-                      for base in bases}
+        self.ropes = {base: RopeTable.build(config.head_dim, base, config.context_length, factors)
+                      for base, factors in config.rope_bases().items()}
         self.rotate = rotate_halves if config.arch.rope_pairs == "halves" else rotate
         self.activation = ACTIVATIONS[config.arch.activation]
 

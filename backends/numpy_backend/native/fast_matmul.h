@@ -176,10 +176,10 @@ static void group_block_to_b(const uint8_t *block, uint16_t *tile) {
 }
 #endif
 
-/* Block b of each group of `work` converted (none: NULL, or past the groups' blocks). */
+/* Block b of each group of `work` converted (none: NULL). */
 static inline void convert_block(const GroupConversion *work, int64_t b) {
 #if Q8_GROUPED_BUILT
-    if (work == NULL || b >= work->k / QBLOCK) return;
+    if (work == NULL) return;
     for (int g = 0; g < 2; g++)
         if (work->groups[g] != NULL)
             group_block_to_b(work->groups[g] + b * grouped_block_bytes(WEIGHTS_Q8_0_G16), work->b_tiles + (g * work->k / QBLOCK + b) * FAST_TILE * FAST_K);
@@ -213,9 +213,8 @@ static void tile_products(const uint16_t *first0, const uint16_t *first1, int64_
             _tile_dpbf16ps(2, 4, 7);
             if (first1 != NULL) _tile_dpbf16ps(3, 5, 7);
         }
-        convert_block(also, kt);
+        convert_block(also, kt); /* kts is the groups' block count: k % 32 == 0 */
     }
-    for (int64_t b = kts; also != NULL && b < also->k / QBLOCK; b++) convert_block(also, b);
     const int64_t block = FAST_TILE * FAST_TILE;
     _tile_stored(0, c, 64);
     if (first1 != NULL) _tile_stored(1, c + block, 64);
@@ -348,7 +347,8 @@ static void project_amx_grouped(const float *x, const Weights *w, float *y, int6
         uint16_t *now_tiles = b_tiles + ((t - begin) % 2) * 2 * GROUPED_ROWS * k;
         uint16_t *next_tiles = b_tiles + ((t - begin + 1) % 2) * 2 * GROUPED_ROWS * k;
         const GroupConversion now = span_groups(w, t, n, k, now_tiles);
-        const GroupConversion next = t + 1 < end ? span_groups(w, t + 1, n, k, next_tiles) : now;
+        GroupConversion next = {{NULL, NULL}, k, next_tiles};
+        if (t + 1 < end) next = span_groups(w, t + 1, n, k, next_tiles);
         for (int64_t line = 0; t + 2 < end && line < 2 * GROUPED_ROWS * w->row_bytes; line += 64) /* the one after */
             __builtin_prefetch(weights_row(w, (t + 2) * 2 * GROUPED_ROWS) + line, 0, PREFETCH_LOCALITY);
         grouped_span(&now, t + 1 < end ? &next : NULL, xa, y, m, m_padded, n, t * 2 * GROUPED_ROWS, add, c);

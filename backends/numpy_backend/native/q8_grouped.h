@@ -27,8 +27,10 @@
 #define GROUPED_AHEAD 8  /* blocks prefetched into L2 ahead of the one read (Q8_0: 34 GB/s of the host's 37 from
                             one stream per thread, against 26 without; into L1 instead, 29) */
 
-/* Bytes of a group's block: 16 of the type's. */
-static inline int64_t grouped_block_bytes(int32_t type) { return GROUPED_ROWS * (type == WEIGHTS_Q8_0_G16 ? 34 : 22); }
+/* Bytes of a group's block: 16 of the stored type's. */
+static inline int64_t grouped_block_bytes(int32_t type) {
+    return GROUPED_ROWS * q8_block_bytes(type == WEIGHTS_Q8_0_G16 ? WEIGHTS_Q8_0 : WEIGHTS_Q5_0);
+}
 
 /* Q5_0's 4 weights of word c of each row (its low nibbles, or with `high` its high ones: weights 16 + 4c ..) with
  * their fifth bits: byte t of row j's lane gets 16 where bit 4c + t (+ 16) of its qh is set. */
@@ -68,6 +70,7 @@ static inline __attribute__((always_inline)) void grouped_block(const Q8Rows *x,
     __m512i w[8];
     const __m512 d = grouped_weights(block, w, type);
     const int q8 = type == WEIGHTS_Q8_0_G16;
+    const __m512 offset = _mm512_mul_ps(d, _mm512_set1_ps(-16.0f)); /* Q5_0's mw */
     for (int i = 0; i < rows; i++) {
         const int64_t row_at = at + i * blocks;
         const int32_t *qx = (const int32_t *)(x->q + row_at * QBLOCK);
@@ -78,7 +81,7 @@ static inline __attribute__((always_inline)) void grouped_block(const Q8Rows *x,
         }
         const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(x->d[row_at]));
         sums[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale, sums[i]);
-        if (!q8) mins[i] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(-16.0f)), _mm512_set1_ps(x->s[row_at]), mins[i]);
+        if (!q8) mins[i] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x->s[row_at]), mins[i]);
     }
 }
 
