@@ -12,8 +12,12 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
                     weights in SmolLM2's shape (step time does not depend on the weight values)
   quant_gemv        the dequantizing GEMV alone on Q4_1 and Q8_0 matrices at 1 and 8 rows: bytes of the stored
                     matrix per second against the peak; and the dense copy larger batches take instead
+  quant_gemm        the dequantizing GEMM alone at 16 to 256 rows on SmolLM2's Q4_1 MLP matrices and Q8_0 head,
+                    against the GEMM on the same matrix held dense in the storage dtype (the target: no slower
+                    at 64 and 256 rows) and against a dense copy made for the product (the path it replaced);
+                    the GEMV beside it at the rows it takes
   e2e_decode_quant  e2e_decode on the same weights stored as the default model's file stores them (Q4_1
-                    matrices, a Q8_0 embedding and head), batch 1, 8 (the GEMV), 64 and 256 (dense copies)
+                    matrices, a Q8_0 embedding and head), batch 1, 8 (the GEMV), 64 and 256 (the GEMM)
   cuda_graphs       e2e_decode's step time at batch 1, 8, 64 and 256, eager against the replay of the batch's
                     CUDA graphs (captured during the warm-up steps), and the graphs' capture time and memory
 Prints a summary and writes every number to --out as JSON. Exit status 0 only when every section passed (or was
@@ -32,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +75,9 @@ class Plan:
     gemv_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 16384, 8192), ("q8_0", 49152, 576))  # type, n, k
     gemv_rows: tuple[int, ...] = (1, 8)
     gemv_repeats: int = 20
+    # type, n, k: SmolLM2's gate and up projections as one matrix, its down projection, and its head
+    gemm_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 3072, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576))
+    gemm_rows: tuple[int, ...] = (8, 16, 32, 64, 256)
     graph_batches: tuple[int, ...] = (1, 8, 64, 256)
 
 
@@ -291,7 +299,7 @@ def e2e_decode(ctx: Context) -> dict[str, Any]:
 
 def e2e_decode_quant(ctx: Context) -> dict[str, Any]:
     """e2e_decode with the weights stored like the default model's: up to 8 rows go through the dequantizing
-    GEMV, larger batches through a dense copy of each matrix and the GEMM."""
+    GEMV, larger batches through the dequantizing GEMM."""
     return _e2e(ctx, stored=True, batches=ctx.plan.quant_batches)
 
 
@@ -352,6 +360,70 @@ def _gemv_rates(ctx: Context, kernels: Any, w: Any) -> dict[str, Any]:
     seconds = _timer(ctx)(lambda: kernels.dense(w), plan.gemv_repeats)
     out["dense_copy"] = _rate(w.nbytes + w.shape[0] * w.shape[1] * kernels.storage.itemsize, seconds, peak)
     return out
+
+
+def quant_gemm(ctx: Context) -> dict[str, Any]:
+    """The dequantizing GEMM against the GEMM of the same matrix held dense in the storage dtype (dequantized
+    once, as a dense upload holds it; cuBLAS on a GPU) and against the dense copy made for each product that
+    larger batches took before; and the GEMV at the row counts it takes."""
+    from backends.cupy_backend.gemm import choose_gemm  # noqa: PLC0415
+    from backends.cupy_backend.quant_ops import QuantKernels  # noqa: PLC0415
+    from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    storage = storage_for(plan.dtype)
+    kernels, gemm = QuantKernels(device.xp, device.launcher, storage), choose_gemm(device.xp, storage)
+    info: dict[str, Any] = {"dtype": plan.dtype, "dense_gemm": gemm.name, "matrices": {}}
+    for qtype, n, k in plan.gemm_shapes:
+        info["matrices"][f"{qtype} {n}x{k}"] = _gemm_times(ctx, kernels, gemm, _random_device_blocks(ctx, qtype, n, k))
+    big = [r for m in info["matrices"].values() for rows, r in m.items() if int(rows) >= 64]
+    info["target_met"] = bool(big) and all(r["quant_over_dense"] <= 1.0 for r in big)
+    info["summary"] = "; ".join(f"{name}: {_gemm_summary(m)}" for name, m in info["matrices"].items())
+    return info
+
+
+def _random_device_blocks(ctx: Context, qtype: str, n: int, k: int) -> Any:
+    import numpy as np  # noqa: PLC0415
+
+    from backends.cupy_backend.quant_weights import DeviceQuant  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import random_blocks  # noqa: PLC0415
+
+    host = random_blocks(np.random.default_rng(0), qtype, n, k)
+    return DeviceQuant(qtype, _need_device(ctx).xp.asarray(host.data), host.shape)
+
+
+def _gemm_times(ctx: Context, kernels: Any, gemm: Any, w: Any) -> dict[str, Any]:
+    """Microseconds per product at each of plan.gemm_rows: GEMM on the stored blocks, dense GEMM, dense copy
+    then GEMM, and the GEMV where it takes the rows."""
+    import numpy as np  # noqa: PLC0415
+
+    from backends.cupy_backend import launch  # noqa: PLC0415
+
+    plan, xp, timed = ctx.plan, kernels.xp, _timer(ctx)
+    dense, out = kernels.dense(w), {}
+    for rows in plan.gemm_rows:
+        x = xp.asarray(kernels.storage.encode(np, np.ones((rows, w.shape[1]), np.float32)))
+        products: dict[str, Callable[[], Any]] = {
+            "quant_us": partial(kernels.gemm, x, w),
+            "dense_us": partial(gemm.linear, x, dense),
+            "copy_then_gemm_us": partial(_copy_then_gemm, kernels, gemm, x, w),
+        }
+        if rows <= launch.QUANT_GEMV_MAX_ROWS:
+            products["gemv_us"] = partial(kernels.gemv, x, w)
+        times = {key: timed(fn, plan.gemv_repeats) for key, fn in products.items()}
+        row = {key: round(seconds * 1e6, 1) for key, seconds in times.items()}
+        row["quant_over_dense"] = round(times["quant_us"] / times["dense_us"], 3)
+        out[str(rows)] = row
+    return out
+
+
+def _copy_then_gemm(kernels: Any, gemm: Any, x: Any, w: Any) -> Any:
+    return gemm.linear(x, kernels.dense(w))
+
+
+def _gemm_summary(times: dict[str, Any]) -> str:
+    """'8 rows 12.0 us (0.9x dense), ...'."""
+    return ", ".join(f"{rows} rows {r['quant_us']} us ({r['quant_over_dense']}x dense)" for rows, r in times.items())
 
 
 def _gemv_summary(rates: dict[str, Any]) -> str:
@@ -471,6 +543,7 @@ SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds 
     ("decode_bandwidth", decode_bandwidth, 15.0),
     ("e2e_decode", e2e_decode, 30.0),
     ("quant_gemv", quant_gemv, 15.0),
+    ("quant_gemm", quant_gemm, 20.0),
     ("e2e_decode_quant", e2e_decode_quant, 30.0),
     ("cuda_graphs", cuda_graphs, 40.0),
 )

@@ -73,7 +73,8 @@ class CupyBackend:
         server's warm-up calibration and then every served step correct it."""
         shape, itemsize = ModelShape.of(self.config), self.storage.itemsize
         kv_bytes, dense = shape.kv_elements_per_token * itemsize, shape.streamed_params * itemsize
-        # stored quantized weights: a step of more rows than the GEMV takes makes a transient dense copy
+        # stored quantized weights: past the GEMV's rows the dequantizing GEMM dequantizes every block again for
+        # each 64 rows; priced as the dense copy it replaced (twice the dense bytes) until a device measures it
         return CostCoefficients.roofline(shape, dense, kv_bytes, bandwidth=1e12, flops=100e12, overhead_s=5e-3,
                                          large_s=2 * dense / 1e12 if self.quantized else 0.0,
                                          large_above=launch.QUANT_GEMV_MAX_ROWS if self.quantized else 0)

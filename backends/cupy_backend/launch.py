@@ -36,6 +36,9 @@ QUANT_SUPER_BLOCK = 256
 QUANT_GEMV_WARPS = 4  # kWarps in quant_gemv.cu
 QUANT_GEMV_WARP_ROWS = 2  # kWarpRows: rows of W per warp
 QUANT_GEMV_MAX_ROWS = 8  # kMaxRows: rows of x one GEMV launch takes
+QUANT_GEMM_TILE_ROWS = 64  # kTileRows in quant_gemm.cu: rows of x a block takes
+QUANT_GEMM_TILE_COLS = 64  # kTileCols: columns of y (rows of W) a block takes
+QUANT_GEMM_THREADS = 128  # kThreads
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,17 @@ def quant_gemv(qtype: str, dtype: str, rows: int, n: int, k: int, logits: bool =
     return Launch(f"{base}_{qtype}_{suffix(dtype)}", grid, (QUANT_GEMV_WARPS * WARP_SIZE, 1, 1), 0, "pppiii")
 
 
+def quant_gemm(qtype: str, dtype: str, rows: int, n: int, k: int, logits: bool = False) -> Launch:
+    """y (rows, n) = x (rows, k) @ W.T with W stored as `qtype` blocks, for any number of rows (the GEMV's are
+    faster up to QUANT_GEMV_MAX_ROWS). Args as quant_gemv's: y, x contiguous (16-byte aligned), w, rows, n, k."""
+    _check_quant(qtype, k)
+    if rows < 1:
+        raise ValueError(f"the GEMM takes at least 1 row, not {rows}")
+    grid = (-(-n // QUANT_GEMM_TILE_COLS), -(-rows // QUANT_GEMM_TILE_ROWS), 1)
+    base = "quant_gemm_logits" if logits else "quant_gemm"
+    return Launch(f"{base}_{qtype}_{suffix(dtype)}", grid, (QUANT_GEMM_THREADS, 1, 1), 0, "pppiii")
+
+
 def dequantize(qtype: str, dtype: str, num_rows: int, k: int) -> Launch:
     """Rows ids[i] of W (stored as `qtype` blocks) into out (num_rows, k) in the storage dtype.
     Args: out, w (rows, row bytes) uint8, ids (int32, num_rows), k."""
@@ -237,7 +251,7 @@ def dequantize(qtype: str, dtype: str, num_rows: int, k: int) -> Launch:
 
 
 def _quant_names(short: str) -> list[str]:
-    bases = ("quant_gemv", "quant_gemv_logits", "dequantize")
+    bases = ("quant_gemv", "quant_gemv_logits", "quant_gemm", "quant_gemm_logits", "dequantize")
     return [f"{base}_{qtype}_{short}" for base in bases for qtype in QUANT_TYPES]
 
 

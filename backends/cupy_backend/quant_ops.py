@@ -1,5 +1,5 @@
-"""The dequantizing kernels' calls: the GEMV on a stored matrix for decode-sized batches, and rows of a stored
-matrix dequantized into the storage dtype (an embedding lookup, or a whole matrix as a GEMM's operand).
+"""The dequantizing kernels' calls: the GEMV on a stored matrix for decode-sized batches, the GEMM for larger
+ones, and rows of a stored matrix dequantized into the storage dtype (an embedding lookup, or a whole matrix).
 Geometry from launch.py, arguments in the kernels' order, outputs allocated here."""
 
 from __future__ import annotations
@@ -28,6 +28,21 @@ class QuantKernels:
             self.launcher.launch(spec, [out, self.xp.ascontiguousarray(x), w.data, rows, n, k])
         return out
 
+    def gemm(self, x: Any, w: DeviceQuant, logits: bool = False) -> Any:
+        """x (rows, k) @ w.T for any number of rows, w's blocks dequantized tile by tile in shared memory."""
+        rows, (n, k) = int(x.shape[0]), w.shape
+        out = self.xp.empty((rows, n), dtype=self.xp.float32 if logits else self.storage.dtype)
+        if rows:
+            spec = launch.quant_gemm(w.qtype, self.storage.name, rows, n, k, logits)
+            self.launcher.launch(spec, [out, self.xp.ascontiguousarray(x), w.data, rows, n, k])
+        return out
+
+    def product(self, x: Any, w: DeviceQuant, logits: bool = False) -> Any:
+        """x @ w.T by the GEMV up to launch.QUANT_GEMV_MAX_ROWS rows, else by the GEMM."""
+        if x.shape[0] <= launch.QUANT_GEMV_MAX_ROWS:
+            return self.gemv(x, w, logits)
+        return self.gemm(x, w, logits)
+
     def rows(self, w: DeviceQuant, ids: Any) -> Any:
         """Rows `ids` (an int32 device array) of w, (len(ids), k) in the storage dtype."""
         num_rows, k = int(ids.shape[0]), w.shape[1]
@@ -38,5 +53,5 @@ class QuantKernels:
         return out
 
     def dense(self, w: DeviceQuant) -> Any:
-        """The whole matrix in the storage dtype."""
+        """The whole matrix in the storage dtype (what a dense upload holds; the benchmarks' comparison)."""
         return self.rows(w, self.xp.arange(w.shape[0], dtype=self.xp.int32))

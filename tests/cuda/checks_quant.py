@@ -1,4 +1,4 @@
-"""Emulated dequantizing kernels (quant_gemv.cu, dequantize.cu) against the reference: gguf's own NumPy
+"""Emulated dequantizing kernels (quant_gemv.cu, quant_gemm.cu, dequantize.cu) against the reference: gguf's own NumPy
 dequantization (QuantMatrix.dequantize), then a float64 product (reference.linear).
 
 Weights are random bytes rather than a quantizer's output, so every nibble, fifth or sixth bit, int8 value and
@@ -6,13 +6,13 @@ packed K-quant scale occurs, with scales and offsets of both signs and of every 
 subnormals. Widths span several passes of a warp over the row's half blocks and a partial last pass, and are
 not multiples of 256 where the type allows (the K-quants' rows are whole super-blocks of 256: an odd number of
 them, so Q6_K's rows of 210-byte super-blocks start at 2-byte but not 4-byte offsets); the number of output
-columns is not a multiple of the columns a block (8) or a warp (2) owns, and writes past the output are caught
-by a NaN canary.
+columns is not a multiple of the columns a block (8, the GEMM's 64) or a warp (2) owns, nor the GEMM's rows a
+multiple of its 64-row tiles, and writes past the output are caught by a NaN canary.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -92,14 +92,15 @@ def check_dequantize(lib: EmuLib, dt: DType, qtype: str, seed: int = 0) -> None:
     print(f"dequantize_{qtype} {dt.name}: {out.size} values bit-identical to gguf's")
 
 
-def _launch_gemv(lib: EmuLib, p: Problem, qtype: str, dt: DType, logits: bool) -> npt.NDArray[np.float64]:
-    """Runs the GEMV into a NaN buffer with a NaN canary after the output; returns the output as float64."""
+def _launch_product(lib: EmuLib, p: Problem, spec: launch.Launch, dt: DType, logits: bool) -> npt.NDArray[np.float64]:
+    """Runs the GEMV or GEMM `spec` into a NaN buffer with a NaN canary after the output; returns the output as
+    float64."""
     (rows, k), n = p.x.shape, p.w.shape[0]
     out_dt = FLOAT32 if logits else dt
     buffer = nan_like(out_dt, (rows * n + 64,))
     out = buffer[: rows * n].reshape(rows, n)
-    lib.launch(launch.quant_gemv(qtype, dt.name, rows, n, k, logits), [out, p.x, p.w.data, rows, n, k])
-    assert np.isnan(out_dt.decode(buffer[rows * n :])).all(), "the GEMV wrote past its output"
+    lib.launch(spec, [out, p.x, p.w.data, rows, n, k])
+    assert np.isnan(out_dt.decode(buffer[rows * n :])).all(), f"{spec.name} wrote past its output"
     return out_dt.decode(out)
 
 
@@ -111,9 +112,26 @@ def check_quant_gemv(lib: EmuLib, dt: DType, qtype: str, n: int = 37, k: int = 0
     for rows in range(1, launch.QUANT_GEMV_MAX_ROWS + 1):
         p = make_problem(rng, dt, qtype, rows, n, k)
         for logits in (False, True):
-            got = _launch_gemv(lib, p, qtype, dt, logits)
+            spec = launch.quant_gemv(qtype, dt.name, rows, n, k, logits)
+            got = _launch_product(lib, p, spec, dt, logits)
             out_dtype = "float32" if logits else dt.name
             assert_product(got, p, out_dtype, f"quant_gemv {qtype} {dt.name} rows {rows} -> {out_dtype}")
+
+
+def check_quant_gemm(lib: EmuLib, dt: DType, qtype: str, n: int = 77, k: int = 0, seed: int = 0,
+                     row_counts: tuple[int, ...] = (9, 64, 70)) -> None:
+    """Past the GEMV's rows, one tile of rows, and a second tile's few: the storage dtype and float32 logits,
+    against the product with W rounded to the storage dtype, as a dense copy holds it. k = 0: 7 blocks of 32,
+    or 1 super-block (7 or 8 steps of the double buffer)."""
+    k = k or width(qtype, 1 if qtype in launch.K_QUANT_TYPES else 7)
+    rng = np.random.default_rng(seed)
+    for rows in row_counts:
+        p = make_problem(rng, dt, qtype, rows, n, k)
+        copied = replace(p, w_values=dt.decode(dt.encode(p.w_values)).astype(np.float32))  # the copy's values
+        for logits in (False, True):
+            got = _launch_product(lib, p, launch.quant_gemm(qtype, dt.name, rows, n, k, logits), dt, logits)
+            out_dtype = "float32" if logits else dt.name
+            assert_product(got, copied, out_dtype, f"quant_gemm {qtype} {dt.name} rows {rows} -> {out_dtype}")
 
 
 class _Recorder:
@@ -133,8 +151,8 @@ class _Recorder:
 
 def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 0, seed: int = 0) -> None:
     """The matrix as quant_weights uploads it: Projections.linear / logits for 1 row up to past the GEMV limit
-    (the dense-copy GEMM path), and the embedding lookup, against the reference. k = 0: 3 blocks, or 1
-    super-block."""
+    (the dequantizing GEMM, never a dense copy), and the embedding lookup, against the reference. k = 0: 3
+    blocks, or 1 super-block."""
     k = k or width(qtype, 1 if qtype in launch.K_QUANT_TYPES else 3)
     rng = np.random.default_rng(seed)
     storage, recorder = storage_for(dt.name), _Recorder(lib)
@@ -149,7 +167,8 @@ def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 
         assert_product(dt.decode(proj.linear(p.x, w)), p, dt.name, f"linear {rows} rows", copy_rounding)
         assert_product(np.asarray(proj.logits(p.x, w), np.float64), p, "float32", f"logits {rows} rows",
                        copy_rounding)
-        assert all(name.startswith("quant_gemv" if gemv else "dequantize") for name in recorder.names)
+        assert recorder.names and all(name.startswith("quant_gemv" if gemv else "quant_gemm")
+                                      for name in recorder.names), recorder.names
     ids = rng.integers(0, n, 11).astype(np.int32)
     looked_up = proj.embed(w, ids)
     assert np.array_equal(looked_up.view(np.uint8), dt.encode(p.w_values[ids]).view(np.uint8)), "embedding rows"
@@ -158,4 +177,5 @@ def check_projections(lib: EmuLib, dt: DType, qtype: str, n: int = 45, k: int = 
 def check_quant(lib: EmuLib, dt: DType, qtype: str) -> None:
     check_dequantize(lib, dt, qtype)
     check_quant_gemv(lib, dt, qtype)
+    check_quant_gemm(lib, dt, qtype)
     check_projections(lib, dt, qtype)

@@ -9,11 +9,12 @@ from backends.cupy_backend import launch
 
 def test_names_are_unique_and_cover_every_dtype_and_head_dim() -> None:
     names = launch.all_kernel_names()
-    quant = 3 * len(launch.QUANT_TYPES)  # GEMV, GEMV to float32 logits, dequantize
+    quant = 5 * len(launch.QUANT_TYPES)  # GEMV and GEMM, each also to float32 logits; dequantize
     assert len(names) == len(set(names)) == 3 * (len(launch.ROW_KERNELS) + 4 * len(launch.HEAD_DIMS) + quant)
     assert "paged_attention_decode_bf16_d128" in names and "rope_and_cache_f16" in names
     assert {"paged_prefill_attention_f16_d256", "gelu_tanh_mul_bf16", "silu_mul_f32", "head_rms_norm_f16"} <= set(names)
     assert {"quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_f16", "dequantize_q4_0_f32"} <= set(names)
+    assert {"quant_gemm_q6_k_f16", "quant_gemm_logits_q4_0_bf16"} <= set(names)
 
 
 def test_quant_gemv_covers_every_column_with_whole_warps() -> None:
@@ -34,6 +35,21 @@ def test_quant_launches_refuse_what_the_kernels_cannot_do(qtype: str, rows: int,
     if rows == 1:
         with pytest.raises(ValueError):
             launch.dequantize(qtype, "float32", 3, k)
+        with pytest.raises(ValueError):
+            launch.quant_gemm(qtype, "float32", 65, 16, k)
+    if rows == 0:
+        with pytest.raises(ValueError):
+            launch.quant_gemm(qtype, "float16", rows, 16, k)
+
+
+def test_quant_gemm_tiles_cover_every_row_and_column() -> None:
+    tile_rows, tile_cols = launch.QUANT_GEMM_TILE_ROWS, launch.QUANT_GEMM_TILE_COLS
+    for rows, n in ((1, 1), (tile_rows, tile_cols), (tile_rows + 1, tile_cols - 1), (256, 49152), (9, 577)):
+        spec = launch.quant_gemm("q4_1", "bfloat16", rows, n, 576)
+        assert spec.grid[0] * tile_cols >= n > (spec.grid[0] - 1) * tile_cols
+        assert spec.grid[1] * tile_rows >= rows > (spec.grid[1] - 1) * tile_rows
+        assert spec.block == (launch.QUANT_GEMM_THREADS, 1, 1) and spec.name == "quant_gemm_q4_1_bf16"
+    assert launch.quant_gemm("q6_k", "float32", 9, 8, 256, logits=True).name == "quant_gemm_logits_q6_k_f32"
 
 
 def test_k_quants_take_rows_of_whole_super_blocks() -> None:

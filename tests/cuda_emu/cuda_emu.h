@@ -429,3 +429,7 @@ void launch(dim3 grid, dim3 block, std::size_t smem_bytes, void (*kernel)(Params
 #endif
 
 }  // namespace cuda_emu
+
+// nvcuda::wmma, for the tensor-core kernels.
+#include <cstdint>
+#include "cuda_emu_wmma.h"

@@ -243,11 +243,17 @@ def feature_scenario(library: Path, model_path: Path, arch: str, dtype: str) -> 
 
 def quant_kernels(dtype: str) -> set[str]:
     """The tiny quantized model's kernels: decode rows and sampled logits through the GEMV (the head is the
-    Q8_0 embedding), prefill chunks through dense copies of Q4_1 / Q4_0 matrices, embedding rows of Q8_0."""
+    Q8_0 embedding), prefill chunks through the GEMM on the Q4_1 / Q4_0 blocks, embedding rows of Q8_0."""
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-    names = ["quant_gemv_q4_1", "quant_gemv_q4_0", "quant_gemv_logits_q8_0", "dequantize_q4_1", "dequantize_q4_0",
+    names = ["quant_gemv_q4_1", "quant_gemv_q4_0", "quant_gemv_logits_q8_0", "quant_gemm_q4_1", "quant_gemm_q4_0",
              "dequantize_q8_0"]
     return {f"{n}_{short}" for n in names}
+
+
+def check_no_dense_copy(pair: Pair, embedding_type: str) -> None:
+    """The only rows ever dequantized into memory are the embedding's: no matrix was widened for a product."""
+    copied = {name.rsplit("_", 1)[0] for name in pair.launcher.names if name.startswith("dequantize_")}
+    assert copied <= {f"dequantize_{embedding_type}"}, f"dense copies made: {sorted(copied)}"
 
 
 def check_uploaded_as_stored(pair: Pair) -> None:
@@ -268,15 +274,17 @@ def quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
     greedy_steps(pair, fork_with_copy(pair, prefill_and_mixed(pair, rng)), steps=4)
     missing = (expected_kernels(dtype) | quant_kernels(dtype)) - set(pair.launcher.names)
     assert not missing, f"kernels never launched: {sorted(missing)}"
+    check_no_dense_copy(pair, "q8_0")
     print(f"quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
 
 
 def k_quant_kernels(dtype: str) -> set[str]:
-    """The K-quant model's: every new type through the GEMV (decode rows) and a dense copy (prefill chunks), the
+    """The K-quant model's: every new type through the GEMV (decode rows) and the GEMM (prefill chunks), the
     Q6_K head's logits through the GEMV, its embedding rows dequantized."""
     short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
     types = ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-    names = [f"{base}_{t}" for base in ("quant_gemv", "dequantize") for t in types] + ["quant_gemv_logits_q6_k"]
+    names = [f"{base}_{t}" for base in ("quant_gemv", "quant_gemm") for t in types]
+    names += ["quant_gemv_logits_q6_k", "dequantize_q6_k"]
     return {f"{n}_{short}" for n in names}
 
 
@@ -299,6 +307,7 @@ def k_quant_scenario(library: Path, model_path: Path, dtype: str) -> None:
     greedy_steps(pair, fork_with_copy(pair, prefill_and_mixed(pair, rng)), steps=4)
     missing = (expected_kernels(dtype) | k_quant_kernels(dtype)) - set(pair.launcher.names)
     assert not missing, f"kernels never launched: {sorted(missing)}"
+    check_no_dense_copy(pair, "q6_k")
     print(f"k-quant {dtype}: {len(pair.launcher.names)} launches, {pair.cupy.weights.num_bytes} bytes of weights")
 
 
@@ -327,9 +336,10 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     plan = gpu_check.Plan(dtype="bfloat16", bandwidth_batch=2, bandwidth_context=40, bandwidth_repeats=1,
                           decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1,
                           vocab_size=512, quant_batches=(2, 9), gemv_shapes=(("q4_1", 24, 256), ("q8_0", 40, 64)),
-                          gemv_rows=(1, 8), gemv_repeats=1, graph_batches=(1, 2))
+                          gemv_rows=(1, 8), gemv_repeats=1, graph_batches=(1, 2),
+                          gemm_shapes=(("q4_1", 70, 64),), gemm_rows=(8, 65))
     ctx = gpu_check.Context(plan=plan, device=device, env={"peak_bandwidth_gbs": 100.0})
-    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "e2e_decode_quant", "cuda_graphs")
+    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "quant_gemm", "e2e_decode_quant", "cuda_graphs")
     report = gpu_check.run(ctx, [s for s in gpu_check.SECTIONS if s[0] in measured], budget_s=600.0)
     assert report.ok, report.sections
     bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
@@ -337,6 +347,9 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     assert set(e2e["batches"]) == {"1", "2"} and all(v["tokens_per_s"] > 0 for v in e2e["batches"].values())
     gemv = report.sections["quant_gemv"]["matrices"]["q4_1 24x256"]
     assert gemv["stored_bytes"] == 24 * 256 // 32 * 20 and gemv["rows_8"]["fraction_of_peak"] is not None
+    gemm = report.sections["quant_gemm"]["matrices"]["q4_1 70x64"]
+    assert set(gemm) == {"8", "65"} and "gemv_us" in gemm["8"] and "gemv_us" not in gemm["65"], gemm
+    assert all(r["quant_us"] > 0 and r["dense_us"] > 0 and r["copy_then_gemm_us"] > 0 for r in gemm.values())
     quant = report.sections["e2e_decode_quant"]
     assert set(quant["batches"]) == {"2", "9"} and quant["weight_bytes"] < e2e["weight_bytes"]
     graphs = report.sections["cuda_graphs"]
@@ -344,7 +357,7 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     assert all(v["eager_ms"] > 0 and v["replay_ms"] > 0 for v in graphs["batches"].values())
     assert {"paged_attention_decode_bf16_d64", "paged_attention_decode_partitioned_bf16_d64",
             "paged_attention_reduce_bf16_d64", "quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_bf16",
-            "dequantize_q4_1_bf16", "dequantize_q8_0_bf16"} <= set(launcher.names)
+            "quant_gemm_q4_1_bf16", "dequantize_q4_1_bf16", "dequantize_q8_0_bf16"} <= set(launcher.names)
 
 
 Scenario = Callable[[Path, Path], None]

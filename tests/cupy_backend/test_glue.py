@@ -48,7 +48,8 @@ def test_module_source_inlines_each_local_header_once() -> None:
     for path in source.kernel_sources():
         assert text.count(f"// ---- {path.name}\n") == 1
     # the dequantizing kernels' names are built per type by PS_FOR_EACH_QUANT: the kernel's macro and the type's entry
-    quant = re.compile(rf"^(quant_gemv_logits|quant_gemv|dequantize)_({'|'.join(launch.QUANT_TYPES)})$")
+    bases = "quant_gemv_logits|quant_gemv|quant_gemm_logits|quant_gemm|dequantize"
+    quant = re.compile(rf"^({bases})_({'|'.join(launch.QUANT_TYPES)})$")
     for name in launch.all_kernel_names():  # every name is spelled out or built by a PS_DEFINE_* macro
         base = re.sub(r"_(f32|f16|bf16)(_d\d+)?$", "", name)
         match = quant.match(base)

@@ -1,0 +1,236 @@
+// y (rows, n) = x (rows, k) @ W.T for batches past the GEMV's rows (prefill chunks, large decode batches), with
+// W (n, k) kept as the file stores it (quant_blocks.cuh): no dense copy of the matrix is ever written. Each
+// block dequantizes its tile of W into shared memory, rounded once to the storage dtype (the value a dense
+// copy would hold), and multiplies it with x's tile there; products accumulate in float.
+//
+// Grid: (ceil(n / kTileCols), ceil(rows / kTileRows)). Block: kThreads. A block owns a kTileRows x kTileCols
+// tile of y and walks k in steps of one 32-weight block (a K-quant's sub-block): while the step's tiles are
+// multiplied, the next step's are written into the other half of a double buffer, so one barrier a step
+// suffices. Thread t loads x's 16-byte vectors t, t + kThreads, ... of the step's tile and dequantizes half
+// block t % 2 of W's tile row t / 2.
+//
+// The product: float16 / bfloat16 on the tensor cores (WMMA 16 x 16 x 16, sm_80 and later): warp w holds
+// the 32 x 32 quarter (w / 2, w % 2) of the tile as 2 x 2 accumulators. float32, or a GPU without them,
+// on the CUDA cores: thread t holds rows t / 8 + 16 i and columns t % 8 + 8 j. Either way the results pass
+// through a float tile in shared memory, which the block writes out row by row.
+#include "quant_blocks.cuh"
+
+#if defined(CUDA_EMU)
+#define PS_TENSOR_CORES 1  // the emulation's nvcuda::wmma
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && __has_include(<mma.h>)
+#include <mma.h>
+#define PS_TENSOR_CORES 1
+#else
+#define PS_TENSOR_CORES 0
+#endif
+
+namespace ps_gemm {
+
+constexpr int kTileRows = 64;  // launch.QUANT_GEMM_TILE_ROWS
+constexpr int kTileCols = 64;  // launch.QUANT_GEMM_TILE_COLS
+constexpr int kThreads = 128;  // launch.QUANT_GEMM_THREADS
+constexpr int kStep = ps_quant::kBlock;
+constexpr int kOutLd = kTileCols + 4;  // the float tile's row: 16-byte aligned, rows off by 4 banks
+
+// A step's x and W tiles: rows of kStep elements and 16 bytes of padding (rows stay 16-byte aligned for the
+// vector stores, and a WMMA load's rows fall on different banks).
+template <typename T>
+struct StepTiles {
+  static constexpr int kLd = kStep + 16 / static_cast<int>(sizeof(T));
+  T x[kTileRows][kLd];
+  T w[kTileCols][kLd];
+};
+
+template <typename T>
+union alignas(32) Shared {
+  StepTiles<T> step[2];
+  float out[kTileRows][kOutLd];  // used only after the last step's products
+};
+
+template <typename T>
+constexpr bool uses_tensor_cores() {
+#if PS_TENSOR_CORES
+  return sizeof(T) == 2;
+#else
+  return false;
+#endif
+}
+
+// Where a block's tile starts, and the problem's size.
+struct Tile {
+  int row0, col0, rows, n, k;
+};
+
+// x's step `s` into tiles.x: 16-byte vectors, zeros for rows past the batch.
+template <typename T>
+__device__ __forceinline__ void fill_x(StepTiles<T>& tiles, const T* __restrict__ x, const Tile& t, int s) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = kStep / kVec;
+  using V = ps::Vec<T, kVec>;
+  for (int v = threadIdx.x; v < kTileRows * kPerRow; v += kThreads) {
+    const int r = v / kPerRow, c = v % kPerRow * kVec;
+    V value = {};
+    if (t.row0 + r < t.rows) value = *reinterpret_cast<const V*>(x + static_cast<long long>(t.row0 + r) * t.k + s * kStep + c);
+    *reinterpret_cast<V*>(&tiles.x[r][c]) = value;
+  }
+}
+
+// W's block `s` of each tile row into tiles.w, in the storage dtype. A ragged n: the last rows read row
+// n - 1 again; their columns of y are never written.
+template <typename Q, typename T>
+__device__ __forceinline__ void fill_w(StepTiles<T>& tiles, const unsigned char* __restrict__ w, const Tile& t,
+                                       int s) {
+  const int r = threadIdx.x / ps_quant::kHalves;
+  const long long row = ps::min_int(t.col0 + r, t.n - 1);
+  const ps_quant::Half half = ps_quant::half_at<Q>(w + row * ps_quant::row_bytes<Q>(t.k), s, threadIdx.x % ps_quant::kHalves);
+#pragma unroll
+  for (int run = 0; run < 2; ++run) {
+#pragma unroll
+    for (int j = 0; j < ps_quant::kRun; ++j) tiles.w[r][half.start[run] + j] = ps::from_float<T>(half.w[run][j]);
+  }
+}
+static_assert(kThreads == kTileCols * ps_quant::kHalves, "fill_w: one half block per thread");
+
+template <typename Q, typename T>
+__device__ __forceinline__ void fill(StepTiles<T>& tiles, const T* x, const unsigned char* w, const Tile& t, int s) {
+  fill_x(tiles, x, t, s);
+  fill_w<Q>(tiles, w, t, s);
+}
+
+// The CUDA cores' product: thread t's 4 x 8 sums.
+struct CoreSums {
+  float v[4][8] = {};
+
+  template <typename T>
+  __device__ __forceinline__ void add(const StepTiles<T>& tiles) {
+    const int tr = threadIdx.x / 8, tc = threadIdx.x % 8;
+#pragma unroll 4
+    for (int kk = 0; kk < kStep; ++kk) {
+      float a[4], b[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = ps::to_float(tiles.x[tr + 16 * i][kk]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) b[j] = ps::to_float(tiles.w[tc + 8 * j][kk]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[i][j] += a[i] * b[j];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float (&out)[kTileRows][kOutLd]) const {
+    const int tr = threadIdx.x / 8, tc = threadIdx.x % 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[tr + 16 * i][tc + 8 * j] = v[i][j];
+    }
+  }
+};
+static_assert(kThreads == 16 * 8 && kTileRows == 4 * 16 && kTileCols == 8 * 8, "CoreSums' thread layout");
+
+#if PS_TENSOR_CORES
+namespace wmma = nvcuda::wmma;
+
+// The tensor cores' product: warp w's 2 x 2 accumulators of 16 x 16.
+template <typename T>
+struct TensorSums {
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> v[2][2];
+
+  __device__ __forceinline__ TensorSums() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(v[i][j], 0.0f);
+    }
+  }
+
+  // x's rows are A (row-major); W's rows are B's columns (B = W.T, column-major).
+  __device__ __forceinline__ void add(const StepTiles<T>& tiles) {
+    constexpr int kLd = StepTiles<T>::kLd;
+    const int warp = threadIdx.x / ps::kWarpSize, r0 = 32 * (warp / 2), c0 = 32 * (warp % 2);
+#pragma unroll
+    for (int kk = 0; kk < kStep; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], &tiles.x[r0 + 16 * i][kk], kLd);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &tiles.w[c0 + 16 * j][kk], kLd);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(v[i][j], a[i], b[j], v[i][j]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float (&out)[kTileRows][kOutLd]) const {
+    const int warp = threadIdx.x / ps::kWarpSize, r0 = 32 * (warp / 2), c0 = 32 * (warp % 2);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&out[r0 + 16 * i][c0 + 16 * j], v[i][j], kOutLd, wmma::mem_row_major);
+    }
+  }
+};
+static_assert(kThreads == 4 * ps::kWarpSize && kTileRows == 64 && kTileCols == 64, "TensorSums' warp layout");
+
+template <bool kTensor, typename T>
+struct Pick {
+  using type = CoreSums;
+};
+template <typename T>
+struct Pick<true, T> {
+  using type = TensorSums<T>;
+};
+template <typename T>
+using Sums = typename Pick<uses_tensor_cores<T>(), T>::type;
+#else
+template <typename T>
+using Sums = CoreSums;
+#endif
+
+// The float tile into y, consecutive threads on consecutive columns.
+template <typename OutT>
+__device__ __forceinline__ void write_out(OutT* __restrict__ y, const float (&out)[kTileRows][kOutLd], const Tile& t) {
+  for (int i = threadIdx.x; i < kTileRows * kTileCols; i += kThreads) {
+    const int r = i / kTileCols, c = i % kTileCols;
+    if (t.row0 + r < t.rows && t.col0 + c < t.n) {
+      y[static_cast<long long>(t.row0 + r) * t.n + t.col0 + c] = ps::from_float<OutT>(out[r][c]);
+    }
+  }
+}
+
+template <typename Q, typename T, typename OutT>
+__device__ __forceinline__ void gemm(OutT* __restrict__ y, const T* __restrict__ x, const unsigned char* __restrict__ w,
+                                     int rows, int n, int k) {
+  __shared__ Shared<T> smem;
+  const Tile t{static_cast<int>(blockIdx.y) * kTileRows, static_cast<int>(blockIdx.x) * kTileCols, rows, n, k};
+  const int steps = k / kStep;
+  Sums<T> sums;
+  fill<Q>(smem.step[0], x, w, t, 0);
+  __syncthreads();
+  for (int s = 0; s < steps; ++s) {
+    if (s + 1 < steps) fill<Q>(smem.step[(s + 1) % 2], x, w, t, s + 1);
+    sums.add(smem.step[s % 2]);
+    __syncthreads();  // the step's tiles are read, and the next one's written
+  }
+  sums.store(smem.out);
+  __syncthreads();
+  write_out(y, smem.out, t);
+}
+
+}  // namespace ps_gemm
+
+#define PS_QUANT_GEMM(NAME, Q, SUFFIX, T)                                                                     \
+  extern "C" __global__ void __launch_bounds__(ps_gemm::kThreads)                                            \
+      quant_gemm_##NAME##_##SUFFIX(T* y, const T* x, const unsigned char* w, int rows, int n, int k) {        \
+    ps_gemm::gemm<ps_quant::Q, T, T>(y, x, w, rows, n, k);                                                    \
+  }                                                                                                           \
+  extern "C" __global__ void __launch_bounds__(ps_gemm::kThreads)                                            \
+      quant_gemm_logits_##NAME##_##SUFFIX(float* y, const T* x, const unsigned char* w, int rows, int n, int k) { \
+    ps_gemm::gemm<ps_quant::Q, T, float>(y, x, w, rows, n, k);                                                \
+  }
+#define PS_DEFINE_QUANT_GEMM(SUFFIX, T) PS_FOR_EACH_QUANT(PS_QUANT_GEMM, SUFFIX, T)
+PS_FOR_EACH_DTYPE(PS_DEFINE_QUANT_GEMM)
