@@ -10,15 +10,21 @@
 // partition's max logit, exp sum and normalised output, and paged_attention_reduce (paged_attention_reduce.cu)
 // merges them.
 //
-// Work split: a lane group of kGroup = head_dim / 16 lanes owns one token at a time, each lane 16 of its
-// head_dim elements (16-byte loads). Every group keeps its own running max / sum / output over the tokens it
-// visits, so the token loop needs no cross-group communication; the block merges all groups once at the end.
+// Work split: a lane group of kGroup = head_dim / 16 lanes owns kUnroll tokens at a time, each lane 16 of a
+// token's head_dim elements (16-byte loads). A lane issues all its K and V loads for those tokens before the
+// first product, so a warp keeps kUnroll times the bytes in flight that one token would (decode is bound by
+// reading K and V), and folds them into its running softmax with one rescale. Every group keeps its own running
+// max / sum / output over the tokens it visits, so the token loop needs no cross-group communication; the block
+// merges all groups once at the end.
 #include "attention_common.cuh"
 
 namespace ps_decode {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / ps::kWarpSize;
+// Blocks an SM must hold at once (registers capped to fit): the plain grid at batch 64 x 9 heads is 576 blocks,
+// which at 4 a SM (the unrolled loads' registers, uncapped) would leave a second wave of 48 on 132 SMs.
+constexpr int kMinBlocks = 5;
 
 template <typename T, int D>
 struct Split {
@@ -27,6 +33,10 @@ struct Split {
   static constexpr int kLoads = ps::kPerLane / kVec;  // loads per lane per row
   static constexpr int kTokensPerWarp = ps::kWarpSize / kGroup;
   static constexpr int kGroups = kWarps * kTokensPerWarp;  // groups per block
+  // Tokens a group loads before its first product: a lane's K and V loads of a trip are 128 bytes either way.
+  // More spill under kMinBlocks' register cap (nvcc 13: 16-bit at 3 or 4 tokens, float32 at 2 on sm_80).
+  static constexpr int kUnroll = sizeof(T) == 2 ? 2 : 1;
+  static constexpr int kWarpTokens = kTokensPerWarp * kUnroll;  // tokens a warp takes per trip
   // Element offset of load j of lane `gl` within a row: a group's lanes read adjacent 16-byte chunks.
   static __device__ __forceinline__ int offset(int gl, int j) { return (gl + kGroup * j) * kVec; }
 };
@@ -36,13 +46,57 @@ struct State {
   float m, l, acc[ps::kPerLane];
 };
 
-// Folds one token (its score and this lane's slice of its V row) into the running state.
-__device__ __forceinline__ void visit_token(State& st, float score, const float* v) {
-  const float m_new = fmaxf(st.m, score);
-  const float alpha = __expf(st.m - m_new), p = __expf(score - m_new);
-  st.l = st.l * alpha + p;
+// One lane's raw K and V slices of a group's kUnroll tokens, as loaded (16-byte vectors of T).
+template <typename T, int D>
+struct Rows {
+  using S = Split<T, D>;
+  ps::Vec<T, S::kVec> k[S::kUnroll][S::kLoads], v[S::kUnroll][S::kLoads];
+  bool valid[S::kUnroll];
+
+  // Token u of the group is position first + u * kTokensPerWarp; past `end` it loads position end - 1 again
+  // and is marked invalid (no branch before the group's shuffle).
+  __device__ __forceinline__ void load(const T* k_cache, const T* v_cache, const int* table, const ps::KvLayout& kv,
+                                       int first, int end, int gl) {
 #pragma unroll
-  for (int i = 0; i < ps::kPerLane; ++i) st.acc[i] = st.acc[i] * alpha + p * v[i];
+    for (int u = 0; u < S::kUnroll; ++u) {
+      const int pos = first + u * S::kTokensPerWarp;
+      valid[u] = pos < end;
+      const long long off = kv.offset(table, ps::min_int(pos, end - 1));
+#pragma unroll
+      for (int j = 0; j < S::kLoads; ++j) {
+        k[u][j] = *reinterpret_cast<const ps::Vec<T, S::kVec>*>(k_cache + off + S::offset(gl, j));
+        v[u][j] = *reinterpret_cast<const ps::Vec<T, S::kVec>*>(v_cache + off + S::offset(gl, j));
+      }
+    }
+  }
+
+  // Element i of this lane's slice of token u's K or V row, as float.
+  __device__ __forceinline__ float k_at(int u, int i) const { return ps::to_float(k[u][i / S::kVec].v[i % S::kVec]); }
+  __device__ __forceinline__ float v_at(int u, int i) const { return ps::to_float(v[u][i / S::kVec].v[i % S::kVec]); }
+};
+
+// Folds a group's kUnroll tokens (their scores, this lane's V slices) into the running state with one rescale.
+template <typename T, int D>
+__device__ __forceinline__ void visit_tokens(State& st, const float (&score)[Split<T, D>::kUnroll],
+                                             const Rows<T, D>& rows) {
+  constexpr int kUnroll = Split<T, D>::kUnroll;
+  float m_new = st.m;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) m_new = rows.valid[u] ? fmaxf(m_new, score[u]) : m_new;
+  const float alpha = __expf(st.m - m_new);
+  float p[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) p[u] = rows.valid[u] ? __expf(score[u] - m_new) : 0.0f;
+  st.l *= alpha;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) st.l += p[u];
+#pragma unroll
+  for (int i = 0; i < ps::kPerLane; ++i) {
+    float a = st.acc[i] * alpha;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) a += p[u] * rows.v_at(u, i);
+    st.acc[i] = a;
+  }
   st.m = m_new;
 }
 
@@ -54,23 +108,19 @@ __device__ __forceinline__ State group_attend(const float* q, const T* k_cache, 
   const int lane = threadIdx.x % ps::kWarpSize, warp = threadIdx.x / ps::kWarpSize;
   const int group = lane / S::kGroup, gl = lane % S::kGroup;
   State st{ps::kNegBig, 0.0f, {}};
-  // The trip count depends only on the warp, so every lane reaches the group shuffle together.
-  for (int base = start + warp * S::kTokensPerWarp; base < end; base += kWarps * S::kTokensPerWarp) {
-    // Past-the-end groups load the last token again and ignore it: no branch before the shuffle. V is
-    // loaded together with K (it does not depend on the score) so both requests are in flight at once.
-    const bool valid = base + group < end;
-    const long long off = kv.offset(table, ps::min_int(base + group, end - 1));
-    float k[ps::kPerLane], v[ps::kPerLane];
+  // The trip count depends only on the warp, so every lane reaches the group shuffles together.
+  for (int base = start + warp * S::kWarpTokens; base < end; base += kWarps * S::kWarpTokens) {
+    Rows<T, D> rows;
+    rows.load(k_cache, v_cache, table, kv, base + group, end, gl);
+    float score[S::kUnroll];
 #pragma unroll
-    for (int j = 0; j < S::kLoads; ++j) {
-      ps::load_floats<T, S::kVec>(k_cache + off + S::offset(gl, j), k + j * S::kVec);
-      ps::load_floats<T, S::kVec>(v_cache + off + S::offset(gl, j), v + j * S::kVec);
+    for (int u = 0; u < S::kUnroll; ++u) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < ps::kPerLane; ++i) dot += q[i] * rows.k_at(u, i);
+      score[u] = ps::group_sum<S::kGroup>(dot);
     }
-    float dot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ps::kPerLane; ++i) dot += q[i] * k[i];
-    dot = ps::group_sum<S::kGroup>(dot);
-    if (valid) visit_token(st, dot, v);
+    visit_tokens<T, D>(st, score, rows);
   }
   return st;
 }
@@ -170,7 +220,8 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
 }  // namespace ps_decode
 
 #define PS_DEFINE_DECODE(SUFFIX, T, D)                                                                       \
-  extern "C" __global__ void paged_attention_decode_##SUFFIX##_d##D(                                         \
+  extern "C" __global__ void __launch_bounds__(ps_decode::kThreads, ps_decode::kMinBlocks)                 \
+      paged_attention_decode_##SUFFIX##_d##D(                                                                \
       T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,                       \
       const int* context_lens, float scale, int num_kv_heads, int max_blocks_per_seq, int block_size,        \
       int q_stride, int window) {                                                                            \
@@ -178,7 +229,8 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
                                    context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,        \
                                    q_stride, 0, window);                                                     \
   }                                                                                                          \
-  extern "C" __global__ void paged_attention_decode_partitioned_##SUFFIX##_d##D(                             \
+  extern "C" __global__ void __launch_bounds__(ps_decode::kThreads, ps_decode::kMinBlocks)                 \
+      paged_attention_decode_partitioned_##SUFFIX##_d##D(                                                    \
       float* exp_sums, float* max_logits, float* tmp_out, const T* q, const T* k_cache, const T* v_cache,    \
       const int* block_tables, const int* context_lens, float scale, int num_kv_heads,                       \
       int max_blocks_per_seq, int block_size, int q_stride, int partition_size, int window) {                \
