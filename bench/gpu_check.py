@@ -8,6 +8,9 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
   gpu_tests         `pytest -m gpu tests/cupy_backend` in a child process
   decode_bandwidth  the paged-attention decode kernel at batch 64 with 4k-token contexts (SmolLM2's attention
                     shape): achieved memory bandwidth against the peak, plain and partitioned
+  decode_sweep      both decode kernels over batch (1-256) x context (512-8192) x head shape (SmolLM2's, Llama 3
+                    8B's, Gemma 3's head_dim 256) and the faster one at each point: the measurement behind the
+                    policy table (`python -m bench.decode_policy gpu_check.json` writes it)
   e2e_decode        end-to-end decode tokens/s at batch 1, 64 and 256 through CupyBackend.execute, on random
                     weights in SmolLM2's shape (step time does not depend on the weight values)
   quant_gemv        the dequantizing GEMV alone on Q4_1 and Q8_0 matrices at 1 and 8 rows: bytes of the stored
@@ -79,6 +82,11 @@ class Plan:
     gemm_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 3072, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576))
     gemm_rows: tuple[int, ...] = (8, 16, 32, 64, 256)
     graph_batches: tuple[int, ...] = (1, 8, 64, 256)
+    # the decode kernels' sweep: (query heads, kv heads, head_dim) of SmolLM2, Llama 3 8B and Gemma 3 270M
+    sweep_shapes: tuple[tuple[int, int, int], ...] = ((9, 3, 64), (32, 8, 128), (4, 1, 256))
+    sweep_batches: tuple[int, ...] = (1, 16, 64, 256)
+    sweep_contexts: tuple[int, ...] = (512, 2048, 8192)
+    sweep_repeats: int = 5
 
 
 @dataclass
@@ -268,28 +276,68 @@ def decode_bandwidth(ctx: Context) -> dict[str, Any]:
     return info
 
 
-def _decode_problem(xp: Any, plan: Plan, config: Any) -> tuple[Any, ...]:
-    """A decode-only step of `bandwidth_batch` sequences at `bandwidth_context` tokens over random KV."""
+def _decode_problem(xp: Any, plan: Plan, config: Any, batch: int = 0, context: int = 0) -> tuple[Any, ...]:
+    """A decode-only step of `batch` sequences at `context` tokens (the plan's bandwidth point by default) over
+    random KV in shuffled blocks."""
     import numpy as np  # noqa: PLC0415
 
     from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
     from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
     from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
 
+    batch, context = batch or plan.bandwidth_batch, context or plan.bandwidth_context
     storage = storage_for(plan.dtype)
     shape = config  # a ModelConfig: the kernels read its head geometry
-    per_seq = -(-plan.bandwidth_context // plan.block_size)
-    blocks = [int(b) for b in np.random.default_rng(0).permutation(plan.bandwidth_batch * per_seq)]
-    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (plan.bandwidth_context - 1))
-            for i in range(plan.bandwidth_batch)]
-    step = upload_step(xp, make_batch(seqs, [[7]] * plan.bandwidth_batch, plan.block_size))
+    per_seq = -(-context // plan.block_size)
+    blocks = [int(b) for b in np.random.default_rng(0).permutation(batch * per_seq)]
+    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (context - 1))
+            for i in range(batch)]
+    step = upload_step(xp, make_batch(seqs, [[7]] * batch, plan.block_size))
     rng = np.random.default_rng(1)
     cache_shape = (len(blocks), plan.block_size, shape.num_kv_heads, shape.head_dim)
 
     def rand(*dims: int) -> Any:
         return xp.asarray(storage.encode(np, rng.standard_normal(dims, dtype=np.float32)))
 
-    return step, rand(plan.bandwidth_batch, shape.qkv_width), shape, rand(*cache_shape), rand(*cache_shape), storage
+    return step, rand(batch, shape.qkv_width), shape, rand(*cache_shape), rand(*cache_shape), storage
+
+
+def decode_sweep(ctx: Context) -> dict[str, Any]:
+    """Both decode kernels over batch x context x head shape: microseconds and GB/s of each, and the winner at
+    every point, which `python -m bench.decode_policy` turns into the policy table."""
+    from backends.cupy_backend.decode_policy import load_policy  # noqa: PLC0415
+    from backends.cupy_backend.launch import DEFAULT_PARTITION_SIZE as PARTITION  # noqa: PLC0415
+    from backends.cupy_backend.synthetic import SMOLLM2  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    points, policy = [], load_policy()
+    for heads, kv_heads, head_dim in plan.sweep_shapes:
+        config = replace(SMOLLM2, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+        for batch in plan.sweep_batches:
+            for context in plan.sweep_contexts:
+                point = _sweep_point(ctx, config, batch, context)
+                point["policy_partitioned"] = policy.partitioned(context, batch, heads, head_dim, PARTITION)
+                points.append(point)
+    agree = sum(p["policy_partitioned"] == p["partitioned_wins"] for p in points)
+    return {"dtype": plan.dtype, "device": device.name, "points": points, "policy": policy.describe(),
+            "summary": f"{len(points)} points; the policy in use picks the faster kernel at {agree} of them"}
+
+
+def _sweep_point(ctx: Context, config: Any, batch: int, context: int) -> dict[str, Any]:
+    from backends.cupy_backend.ops import Kernels  # noqa: PLC0415
+
+    plan, device = ctx.plan, _need_device(ctx)
+    step, qkv, shape, k_cache, v_cache, storage = _decode_problem(device.xp, plan, config, batch, context)
+    moved = decode_bytes([context] * batch, shape.num_heads, shape.num_kv_heads, shape.head_dim,
+                         storage.itemsize, plan.block_size)
+    out: dict[str, Any] = {"batch": batch, "context": context, "heads": shape.num_heads,
+                           "kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim}
+    for label, split in (("plain", False), ("partitioned", True)):
+        kernels = Kernels(device.xp, device.launcher, storage, split_decode=split)
+        seconds = _timer(ctx)(partial(kernels.attention, step, qkv, shape, k_cache, v_cache), plan.sweep_repeats)
+        out[label] = _rate(moved, seconds, ctx.env.get("peak_bandwidth_gbs"))
+    out["partitioned_wins"] = out["partitioned"]["microseconds"] < out["plain"]["microseconds"]
+    return out
 
 
 def e2e_decode(ctx: Context) -> dict[str, Any]:
@@ -541,6 +589,7 @@ SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds 
     ("compile", compile_kernels, 90.0),
     ("gpu_tests", gpu_tests, 60.0),
     ("decode_bandwidth", decode_bandwidth, 15.0),
+    ("decode_sweep", decode_sweep, 40.0),
     ("e2e_decode", e2e_decode, 30.0),
     ("quant_gemv", quant_gemv, 15.0),
     ("quant_gemm", quant_gemm, 20.0),

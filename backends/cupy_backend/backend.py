@@ -16,6 +16,7 @@ import numpy as np
 
 from backends.base import BackendError, Clock, KVGeometry, SamplingInputs, StepBatch, StepOutput
 from backends.cupy_backend import launch
+from backends.cupy_backend.decode_policy import load_policy
 from backends.cupy_backend.device import Device
 from backends.cupy_backend.device_model import DeviceKVCache, upload_weights
 from backends.cupy_backend.forward import Forward
@@ -61,7 +62,9 @@ class CupyBackend:
         self.gemm = gemm if gemm is not None else choose_gemm(device.xp, self.storage)
         self.weights = upload_weights(device.xp, self.storage, config, weights)
         self.quantized = any(isinstance(m, QuantMatrix) for layer in weights.layers for m in vars(layer).values())
-        kernels = Kernels(device.xp, device.launcher, self.storage, partition_size)
+        policy = load_policy()
+        log.info("decode attention: plain or partitioned by %s", policy.describe())
+        kernels = Kernels(device.xp, device.launcher, self.storage, partition_size, policy=policy)
         proj = Projections(self.gemm, QuantKernels(device.xp, device.launcher, self.storage))
         self.forward = Forward(config, self.weights, kernels, proj)
         self._cache: DeviceKVCache | None = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.cupy_backend import launch
+from backends.cupy_backend.decode_policy import DecodePolicy
 from backends.cupy_backend.launcher import KernelLauncher
 from backends.cupy_backend.step_inputs import DeviceStep
 from backends.cupy_backend.storage import Storage
@@ -27,14 +28,15 @@ class Kernels:
     launcher: KernelLauncher
     storage: Storage
     partition_size: int = launch.DEFAULT_PARTITION_SIZE
-    split_decode: bool | None = None  # None: launch.use_partitioned_decode decides; benchmarks force either
+    split_decode: bool | None = None  # None: the policy decides; benchmarks force either
+    policy: DecodePolicy = DecodePolicy()
 
-    def partitioned(self, step: DeviceStep, num_heads: int, window: int = 0) -> bool:
+    def partitioned(self, step: DeviceStep, shape: ModelConfig, window: int = 0) -> bool:
         """Whether a decode step splits its contexts (a sliding layer's: its window of them) into partitions."""
         if self.split_decode is not None:
             return self.split_decode
         span = launch.attended_span(step.max_context_len, window)
-        return launch.use_partitioned_decode(span, step.num_seqs, num_heads, self.partition_size)
+        return self.policy.partitioned(span, step.num_seqs, shape.num_heads, shape.head_dim, self.partition_size)
 
     @property
     def dtype(self) -> str:
@@ -105,7 +107,7 @@ class Kernels:
         args = self._attention_args(step, qkv, shape, k_cache, v_cache)
         if not step.decode_only:
             self._prefill(out, step, shape, args, window)
-        elif self.partitioned(step, shape.num_heads, window):
+        elif self.partitioned(step, shape, window):
             self._decode_partitioned(out, step, shape, args, window)
         else:
             spec = launch.paged_attention_decode(self.dtype, shape.head_dim, step.num_seqs, shape.num_heads,

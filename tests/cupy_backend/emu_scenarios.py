@@ -331,15 +331,18 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     """bench/gpu_check.py's measurement sections, shrunk, on the emulated device: the same code paths as on the
     GPU except CuPy's timer (wall clock here) and the numbers' meaning."""
     from bench import gpu_check  # noqa: PLC0415 - only this scenario needs it
+    from bench.decode_policy import policy_from_run  # noqa: PLC0415
 
     device, launcher = emu_device(library)
     plan = gpu_check.Plan(dtype="bfloat16", bandwidth_batch=2, bandwidth_context=40, bandwidth_repeats=1,
                           decode_batches=(1, 2), decode_context=20, decode_steps=1, warmup_steps=1, num_layers=1,
                           vocab_size=512, quant_batches=(2, 9), gemv_shapes=(("q4_1", 24, 256), ("q8_0", 40, 64)),
                           gemv_rows=(1, 8), gemv_repeats=1, graph_batches=(1, 2),
-                          gemm_shapes=(("q4_1", 70, 64),), gemm_rows=(8, 65))
+                          gemm_shapes=(("q4_1", 70, 64),), gemm_rows=(8, 65), sweep_shapes=((4, 2, 64), (2, 1, 256)),
+                          sweep_batches=(1, 3), sweep_contexts=(20, 600), sweep_repeats=1)
     ctx = gpu_check.Context(plan=plan, device=device, env={"peak_bandwidth_gbs": 100.0})
-    measured = ("decode_bandwidth", "e2e_decode", "quant_gemv", "quant_gemm", "e2e_decode_quant", "cuda_graphs")
+    measured = ("decode_bandwidth", "decode_sweep", "e2e_decode", "quant_gemv", "quant_gemm", "e2e_decode_quant",
+                "cuda_graphs")
     report = gpu_check.run(ctx, [s for s in gpu_check.SECTIONS if s[0] in measured], budget_s=600.0)
     assert report.ok, report.sections
     bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
@@ -347,6 +350,11 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     assert set(e2e["batches"]) == {"1", "2"} and all(v["tokens_per_s"] > 0 for v in e2e["batches"].values())
     gemv = report.sections["quant_gemv"]["matrices"]["q4_1 24x256"]
     assert gemv["stored_bytes"] == 24 * 256 // 32 * 20 and gemv["rows_8"]["fraction_of_peak"] is not None
+    sweep = report.sections["decode_sweep"]
+    assert len(sweep["points"]) == 8 and all(p["plain"]["microseconds"] > 0 for p in sweep["points"]), sweep
+    policy = policy_from_run({"sections": report.sections}, "dry run")
+    assert {(p.blocks, p.span, p.head_dim) for p in policy.points} == {
+        (b * h, c, d) for h, d in ((4, 64), (2, 256)) for b in (1, 3) for c in (20, 600)}
     gemm = report.sections["quant_gemm"]["matrices"]["q4_1 70x64"]
     assert set(gemm) == {"8", "65"} and "gemv_us" in gemm["8"] and "gemv_us" not in gemm["65"], gemm
     assert all(r["quant_us"] > 0 and r["dense_us"] > 0 and r["copy_then_gemm_us"] > 0 for r in gemm.values())

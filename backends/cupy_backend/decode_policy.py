@@ -1,0 +1,71 @@
+"""Which decode attention kernel a step takes: the plain one (a block per sequence and head walks the whole
+attended span) or the partitioned one (the span split into partition_size pieces, then a reduce).
+
+Which wins depends on the GPU, the grid (sequences x heads) and the span, so it is measured: bench/gpu_check.py's
+`decode_sweep` section times both over batch x context x head shape, and `python -m bench.decode_policy RUN.json`
+turns that into `decode_policy.json` beside this file, committed with the run it came from. A step takes the
+winner at the measured point nearest to it (same head_dim where one was measured; distance in log2 of the grid's
+blocks and of the span). Without a table, the rule in launch.use_partitioned_decode decides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.cupy_backend import launch
+
+TABLE_PATH = Path(__file__).resolve().parent / "decode_policy.json"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured configuration and the faster kernel there."""
+
+    blocks: int  # sequences x query heads: the plain kernel's grid
+    span: int  # positions each query attends to
+    head_dim: int
+    partitioned: bool
+
+    def distance(self, blocks: int, span: int) -> float:
+        return abs(math.log2(max(blocks, 1) / self.blocks)) + abs(math.log2(max(span, 1) / self.span))
+
+
+@dataclass(frozen=True)
+class DecodePolicy:
+    points: tuple[Point, ...] = ()
+    measured_on: str = ""  # the device the table came from
+
+    def partitioned(self, span: int, num_seqs: int, num_heads: int, head_dim: int, partition_size: int) -> bool:
+        if launch.num_partitions(span, partition_size) == 1:
+            return False
+        if not self.points:
+            return launch.use_partitioned_decode(span, num_seqs, num_heads, partition_size)
+        same_dim = [p for p in self.points if p.head_dim == head_dim] or list(self.points)
+        return min(same_dim, key=lambda p: p.distance(num_seqs * num_heads, span)).partitioned
+
+    def describe(self) -> str:
+        if not self.points:
+            return "the built-in rule (no measured table)"
+        return f"a table of {len(self.points)} points measured on {self.measured_on}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured_on": self.measured_on, "points": [vars(p) for p in self.points]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DecodePolicy:
+        points = tuple(Point(int(p["blocks"]), int(p["span"]), int(p["head_dim"]), bool(p["partitioned"]))
+                       for p in data["points"])
+        if any(p.blocks < 1 or p.span < 1 for p in points):
+            raise ValueError("a decode policy point needs at least one block and one position")
+        return cls(points, str(data.get("measured_on", "")))
+
+
+def load_policy(path: Path = TABLE_PATH) -> DecodePolicy:
+    """The committed table, or the rule when none was measured yet."""
+    if not path.is_file():
+        return DecodePolicy()
+    return DecodePolicy.from_json(json.loads(path.read_text()))
