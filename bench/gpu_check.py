@@ -23,6 +23,10 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
                     matrices, a Q8_0 embedding and head), batch 1, 8 (the GEMV), 64 and 256 (the GEMM)
   cuda_graphs       e2e_decode's step time at batch 1, 8, 64 and 256, eager against the replay of the batch's
                     CUDA graphs (captured during the warm-up steps), and the graphs' capture time and memory
+  e2e_serve         `pagedserve serve --backend cupy` on random weights in SmolLM2's shape with its real
+                    tokenizer, `pagedserve bench` at 1, 16, 64 and 256 streams (128 tokens in, 128 out): output
+                    tokens/s and TTFT / TPOT / ITL percentiles; at 64 streams, the served rate against
+                    e2e_decode's engine-alone rate (the target: at least 80 %, with TPOT p50 under 5 ms)
 Prints a summary and writes every number to --out as JSON. Exit status 0 only when every section passed (or was
 skipped on request).
 """
@@ -56,6 +60,7 @@ PEAK_TABLE = (
 )
 ATTR_MEMORY_CLOCK_KHZ, ATTR_BUS_WIDTH_BITS = 36, 37  # cudaDevAttrMemoryClockRate, cudaDevAttrGlobalMemoryBusWidth
 BANDWIDTH_TARGET = 0.70  # the issue's target for the decode kernel at batch 64, 4k contexts
+SERVED_TARGET = 0.80  # served output tokens/s at 64 streams over the engine-alone rate at batch 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Plan:
     sweep_batches: tuple[int, ...] = (1, 16, 64, 256)
     sweep_contexts: tuple[int, ...] = (512, 2048, 8192)
     sweep_repeats: int = 5
+    serve_backend: str = "cupy"  # a dry run serves through the numpy backend (no device in a child process)
+    serve_streams: tuple[int, ...] = (1, 16, 64, 256)
+    serve_input_len: int = 128
+    serve_output_len: int = 128
 
 
 @dataclass
@@ -366,6 +375,8 @@ def _e2e(ctx: Context, stored: bool, batches: Sequence[int]) -> dict[str, Any]:
     for batch in batches:
         seconds = _decode_step_seconds(backend, batch, per_seq, plan)
         info["batches"][str(batch)] = {"step_ms": round(seconds * 1e3, 3), "tokens_per_s": round(batch / seconds)}
+    if not stored:  # the engine-alone rate e2e_serve compares the served one with
+        ctx.env["engine_tokens_per_s"] = {b: v["tokens_per_s"] for b, v in info["batches"].items()}
     rates = ", ".join(f"b{b}: {v['tokens_per_s']} tok/s" for b, v in info["batches"].items())
     weights_label = "Q4_1/Q8_0 as stored" if stored else plan.dtype
     info["summary"] = f"{plan.dtype}, weights {weights_label}, context {plan.decode_context}: {rates}"
@@ -550,6 +561,25 @@ def _decode_step_seconds(backend: Any, batch: int, per_seq: int, plan: Plan) -> 
     return statistics.median(times)
 
 
+def e2e_serve(ctx: Context) -> dict[str, Any]:
+    """`pagedserve serve` on random weights in SmolLM2's shape with its real tokenizer, `pagedserve bench` at each
+    stream count; at 64 streams, the served tokens/s against e2e_decode's engine-alone rate at batch 64."""
+    from bench.gpu_serve import ServePlan, serve_and_bench  # noqa: PLC0415
+
+    plan = ctx.plan
+    info = serve_and_bench(ServePlan(plan.serve_backend, plan.dtype, plan.num_layers, plan.serve_streams,
+                                     plan.serve_input_len, plan.serve_output_len))
+    engine = ctx.env.get("engine_tokens_per_s", {})
+    at64, alone = info["streams"].get("64"), engine.get("64")
+    if at64 and alone:
+        info["served_over_engine_at_64"] = round(at64["output_tokens_per_s"] / alone, 3)
+        info["target_met"] = info["served_over_engine_at_64"] >= SERVED_TARGET and at64["tpot_p50_ms"] < 5.0
+    rates = ", ".join(f"{n}: {r['output_tokens_per_s']} tok/s, TPOT p50 {r['tpot_p50_ms']} ms"
+                      for n, r in info["streams"].items())
+    info["summary"] = f"{plan.serve_backend} {plan.dtype} over HTTP, streams {rates}"
+    return info
+
+
 def _need_device(ctx: Context) -> Any:
     if ctx.device is None:
         raise RuntimeError("no device: the compile section did not succeed")
@@ -595,6 +625,7 @@ SECTIONS: tuple[tuple[str, Section, float], ...] = (  # name, function, seconds 
     ("quant_gemm", quant_gemm, 20.0),
     ("e2e_decode_quant", e2e_decode_quant, 30.0),
     ("cuda_graphs", cuda_graphs, 40.0),
+    ("e2e_serve", e2e_serve, 60.0),
 )
 
 

@@ -1,6 +1,6 @@
 """Writing Hugging Face checkpoint directories in tests: a loaded model's weights under transformers' Llama names
-and row order, in float32 (the safetensors library) or bfloat16 (the format by hand: NumPy has no bfloat16), with
-a config.json and the model's own tokenizer."""
+and row order, in float32 (the safetensors library) or bfloat16 (bench.synthetic_checkpoint's writer: NumPy has no
+bfloat16), with a config.json and the model's own tokenizer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 
 from backends.model.loader import LoadedModel, ModelFiles
 from backends.model.quant import dense
+from bench.synthetic_checkpoint import write_bfloat16
 
 
 def hf_rows(gguf_rows: np.ndarray, heads: int) -> np.ndarray:
@@ -35,21 +36,6 @@ def hf_tensors(model: LoadedModel) -> dict[str, np.ndarray]:
                 prefix + "post_attention_layernorm.weight": layer.ffn_norm, prefix + "mlp.gate_proj.weight": gate,
                 prefix + "mlp.up_proj.weight": up, prefix + "mlp.down_proj.weight": dense(layer.w_down)}
     return {name: np.ascontiguousarray(t, np.float32) for name, t in out.items()}
-
-
-def write_bfloat16(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """The safetensors layout written by hand (NumPy has no bfloat16): matrices cut to their top 16 bits."""
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = (t.view(np.uint32) >> 16).astype(np.uint16).tobytes() if t.ndim == 2 else t.tobytes()
-        header[name] = {"dtype": "BF16" if t.ndim == 2 else "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    path.write_bytes(len(text).to_bytes(8, "little") + text + b"".join(blobs))
-    index = {"weight_map": dict.fromkeys(header, path.name)}
-    (path.parent / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def write_bfloat16_checkpoint(model: LoadedModel, files: ModelFiles, directory: Path) -> Path:

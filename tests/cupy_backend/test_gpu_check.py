@@ -64,3 +64,18 @@ def test_main_writes_json_and_exit_status(tmp_path: Path, monkeypatch: pytest.Mo
     assert result["ok"] and result["sections"]["gpu_tests"]["status"] == "skipped"
     assert gpu_check.main(["--out", str(out)]) == 1
     assert json.loads(out.read_text())["sections"]["gpu_tests"]["status"] == "error"
+
+
+def test_e2e_serve_serves_the_random_checkpoint_over_http() -> None:
+    """The e2e_serve section's whole path on the CPU: the random SmolLM2-shaped checkpoint (2 layers) served by
+    `pagedserve serve --backend numpy`, `pagedserve bench` at 1 and 3 streams, and the comparison at 64 streams
+    with an engine-alone rate (given here, as e2e_decode would)."""
+    plan = gpu_check.Plan(num_layers=2, serve_backend="numpy", serve_streams=(1, 3, 64), serve_input_len=16,
+                          serve_output_len=8)
+    ctx = gpu_check.Context(plan=plan, env={"engine_tokens_per_s": {"64": 1e9}})
+    info = gpu_check.e2e_serve(ctx)
+    assert set(info["streams"]) == {"1", "3", "64"} and info["layers"] == 2
+    for streams, run in info["streams"].items():
+        assert run["completed"] == 2 * int(streams) and run["output_tokens_per_s"] > 0
+        assert 0 < run["tpot_p50_ms"] <= run["tpot_p99_ms"] and run["ttft_p50_ms"] > 0
+    assert info["served_over_engine_at_64"] < 0.01 and info["target_met"] is False
