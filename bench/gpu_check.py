@@ -15,7 +15,7 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
                     weights in SmolLM2's shape (step time does not depend on the weight values)
   quant_gemv        the dequantizing GEMV alone on Q4_1 and Q8_0 matrices at 1 and 8 rows: bytes of the stored
                     matrix per second against the peak; and the dense copy larger batches take instead
-  quant_gemm        the dequantizing GEMM alone at 16 to 256 rows on SmolLM2's Q4_1 MLP matrices and Q8_0 head,
+  quant_gemm        the dequantizing GEMM alone at 1 to 256 rows on SmolLM2's Q4_1 MLP matrices and Q8_0 head,
                     against the GEMM on the same matrix held dense in the storage dtype (the target: no slower
                     at 64 and 256 rows) and against a dense copy made for the product (the path it replaced);
                     the GEMV beside it at the rows it takes
@@ -85,7 +85,7 @@ class Plan:
     gemv_repeats: int = 20
     # type, n, k: SmolLM2's gate and up projections as one matrix, its down projection, and its head
     gemm_shapes: tuple[tuple[str, int, int], ...] = (("q4_1", 3072, 576), ("q4_1", 576, 1536), ("q8_0", 49152, 576))
-    gemm_rows: tuple[int, ...] = (8, 16, 32, 64, 256)
+    gemm_rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64, 256)  # from 1: where the GEMM overtakes the GEMV
     graph_batches: tuple[int, ...] = (1, 8, 64, 256)
     # the decode kernels' sweep: (query heads, kv heads, head_dim) of SmolLM2, Llama 3 8B and Gemma 3 270M
     sweep_shapes: tuple[tuple[int, int, int], ...] = ((9, 3, 64), (32, 8, 128), (4, 1, 256))

@@ -237,7 +237,7 @@ def quant_gemm(qtype: str, dtype: str, rows: int, n: int, k: int, logits: bool =
     _check_quant(qtype, k)
     if rows < 1:
         raise ValueError(f"the GEMM takes at least 1 row, not {rows}")
-    grid = (-(-n // QUANT_GEMM_TILE_COLS), -(-rows // QUANT_GEMM_TILE_ROWS), 1)
+    grid = (-(-rows // QUANT_GEMM_TILE_ROWS), -(-n // QUANT_GEMM_TILE_COLS), 1)  # row tiles vary fastest
     base = "quant_gemm_logits" if logits else "quant_gemm"
     return Launch(f"{base}_{qtype}_{suffix(dtype)}", grid, (QUANT_GEMM_THREADS, 1, 1), 0, "pppiii")
 

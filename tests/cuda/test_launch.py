@@ -46,8 +46,8 @@ def test_quant_gemm_tiles_cover_every_row_and_column() -> None:
     tile_rows, tile_cols = launch.QUANT_GEMM_TILE_ROWS, launch.QUANT_GEMM_TILE_COLS
     for rows, n in ((1, 1), (tile_rows, tile_cols), (tile_rows + 1, tile_cols - 1), (256, 49152), (9, 577)):
         spec = launch.quant_gemm("q4_1", "bfloat16", rows, n, 576)
-        assert spec.grid[0] * tile_cols >= n > (spec.grid[0] - 1) * tile_cols
-        assert spec.grid[1] * tile_rows >= rows > (spec.grid[1] - 1) * tile_rows
+        assert spec.grid[0] * tile_rows >= rows > (spec.grid[0] - 1) * tile_rows
+        assert spec.grid[1] * tile_cols >= n > (spec.grid[1] - 1) * tile_cols
         assert spec.block == (launch.QUANT_GEMM_THREADS, 1, 1) and spec.name == "quant_gemm_q4_1_bf16"
     assert launch.quant_gemm("q6_k", "float32", 9, 8, 256, logits=True).name == "quant_gemm_logits_q6_k_f32"
 

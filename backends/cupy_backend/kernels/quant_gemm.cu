@@ -3,8 +3,9 @@
 // block dequantizes its tile of W into shared memory, rounded once to the storage dtype (the value a dense
 // copy would hold), and multiplies it with x's tile there; products accumulate in float.
 //
-// Grid: (ceil(n / kTileCols), ceil(rows / kTileRows)). Block: kThreads. A block owns a kTileRows x kTileCols
-// tile of y and walks k in steps of one 32-weight block (a K-quant's sub-block): while the step's tiles are
+// Grid: (ceil(rows / kTileRows), ceil(n / kTileCols)). Block: kThreads. The row tiles vary fastest, so the
+// blocks that read the same tile of W run together and all but the first find its bytes in L2: W comes from
+// memory about once however many rows there are. A block owns a kTileRows x kTileCols tile of y and walks k in steps of one 32-weight block (a K-quant's sub-block): while the step's tiles are
 // multiplied, the next step's are written into the other half of a double buffer, so one barrier a step
 // suffices. Thread t loads x's 16-byte vectors t, t + kThreads, ... of the step's tile and dequantizes half
 // block t % 2 of W's tile row t / 2.
@@ -206,7 +207,7 @@ template <typename Q, typename T, typename OutT>
 __device__ __forceinline__ void gemm(OutT* __restrict__ y, const T* __restrict__ x, const unsigned char* __restrict__ w,
                                      int rows, int n, int k) {
   __shared__ Shared<T> smem;
-  const Tile t{static_cast<int>(blockIdx.y) * kTileRows, static_cast<int>(blockIdx.x) * kTileCols, rows, n, k};
+  const Tile t{static_cast<int>(blockIdx.x) * kTileRows, static_cast<int>(blockIdx.y) * kTileCols, rows, n, k};
   const int steps = k / kStep;
   Sums<T> sums;
   fill<Q>(smem.step[0], x, w, t, 0);
