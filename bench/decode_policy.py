@@ -25,7 +25,7 @@ def policy_from_run(run: dict[str, Any], source: str) -> DecodePolicy:
         raise ValueError(f"{source} has no passing decode_sweep section")
     points = tuple(Point(p["batch"] * p["heads"], p["context"], p["head_dim"], bool(p["partitioned_wins"]))
                    for p in sweep["points"])
-    return DecodePolicy(points, f"{sweep['device']} ({source}, {sweep['dtype']})")
+    return DecodePolicy(points, f"{sweep['device']} ({source})", sweep["dtype"], sweep["partition_size"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from NumPy and the emulated kernels, with a stand-in for graph capture; the back
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -17,9 +18,10 @@ from backends.base import BackendError
 from backends.cupy_backend import launch
 from backends.cupy_backend.capture import CupyGraphs
 from backends.cupy_backend.launcher import CupyLauncher, KernelLauncher, compile_module
-from backends.cupy_backend.source import cuda_include_dirs, module_source, nvrtc_options
+from backends.cupy_backend.source import cuda_include_dirs, module_source, option_sets, tensor_cores
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 MISSING_CUPY = "the cupy backend needs CuPy and a CUDA GPU: pip install 'pagedserve[cuda]'"
 
 
@@ -71,14 +73,14 @@ def cupy_device() -> Device:
         raise BackendError(f"CuPy sees no CUDA device ({exc}); the cupy backend needs a GPU") from None
     if count == 0:
         raise BackendError("CuPy sees no CUDA device; the cupy backend needs a GPU")
-    option_sets = [nvrtc_options()]
     extra = cuda_include_dirs()
-    if extra:
-        option_sets.append(nvrtc_options(extra))
     try:
-        module, options = compile_module(cupy, module_source(), option_sets, launch.all_kernel_names())
+        module, options = compile_module(cupy, module_source(), option_sets(extra), launch.all_kernel_names())
     except RuntimeError as exc:
         raise BackendError(str(exc)) from None
+    if not tensor_cores(options):
+        log.warning("<mma.h> is neither NVRTC's nor in %s: the quantized GEMM runs on the CUDA cores, not the "
+                    "tensor cores (set CUDA_PATH to a CUDA toolkit)", extra or "a CUDA toolkit or wheel found")
     stream_sync = cupy.cuda.get_current_stream
     return Device(
         xp=cupy,
@@ -86,7 +88,7 @@ def cupy_device() -> Device:
         synchronize=lambda: stream_sync().synchronize(),
         to_host=cupy.asnumpy,
         name=_device_name(cupy),
-        info={"cupy": cupy.__version__, "nvrtc_options": options},
+        info={"cupy": cupy.__version__, "nvrtc_options": options, "tensor_cores": tensor_cores(options)},
         graphs=CupyGraphs.create(cupy),
         shared_mem_per_block=int(_properties(cupy).get("sharedMemPerBlockOptin", 0)),
     )

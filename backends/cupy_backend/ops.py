@@ -36,7 +36,8 @@ class Kernels:
         if self.split_decode is not None:
             return self.split_decode
         span = launch.attended_span(step.max_context_len, window)
-        return self.policy.partitioned(span, step.num_seqs, shape.num_heads, shape.head_dim, self.partition_size)
+        return self.policy.partitioned(span, step.num_seqs, shape.num_heads, shape.head_dim, self.partition_size,
+                                       self.dtype)
 
     @property
     def dtype(self) -> str:

@@ -18,6 +18,8 @@ PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
 # Where a CUDA toolkit or the pip CUDA wheels keep cuda_fp16.h / cuda_bf16.h, for an NVRTC that lacks them.
 TOOLKIT_ROOTS = ("CUDA_PATH", "CUDA_HOME")
 DEFAULT_TOOLKIT = Path("/usr/local/cuda")
+# Builds quant_gemm.cu without <mma.h> (its CUDA-core product): the last resort when no header directory has it.
+NO_TENSOR_CORES = "-DPS_NO_TENSOR_CORES"
 WHEEL_INCLUDE_DIRS = ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "nvidia/cuda_nvrtc/include")
 
 
@@ -50,8 +52,24 @@ def _inline(path: Path, kernel_dir: Path, seen: set[Path]) -> str:
     return "".join(out)
 
 
-def nvrtc_options(include_dirs: Iterable[str] = ()) -> tuple[str, ...]:
-    return ("--std=c++17", f"-I{KERNEL_DIR}", *(f"-I{d}" for d in include_dirs))
+def nvrtc_options(include_dirs: Iterable[str] = (), defines: Iterable[str] = ()) -> tuple[str, ...]:
+    return ("--std=c++17", f"-I{KERNEL_DIR}", *(f"-I{d}" for d in include_dirs), *defines)
+
+
+def option_sets(include_dirs: list[str]) -> list[tuple[str, ...]]:
+    """What NVRTC tries, in order: its own headers; a toolkit's or the wheels' (`include_dirs`); and, where
+    neither has the tensor cores' <mma.h>, the same without the tensor-core GEMM (quant_gemm.cu on the CUDA
+    cores), which tensor_cores() then reports."""
+    sets = [nvrtc_options()]
+    if include_dirs:
+        sets.append(nvrtc_options(include_dirs))
+    sets.append(nvrtc_options(include_dirs, (NO_TENSOR_CORES,)))
+    return sets
+
+
+def tensor_cores(options: Iterable[str]) -> bool:
+    """Whether kernels built with `options` may use the tensor cores (on a GPU of sm_80 or later)."""
+    return NO_TENSOR_CORES not in tuple(options)
 
 
 def cuda_include_dirs(search_paths: Iterable[str] | None = None) -> list[str]:

@@ -134,7 +134,8 @@ def _tsan_cases() -> dict[str, Case]:
         "tsan-rope_and_cache-halves": partial(elem.check_rope_and_cache, dt=FLOAT32, tokens=4, halves=True),
         "tsan-quant_gemv": partial(quant.check_quant_gemv, dt=FLOAT16, qtype="q4_1", n=11, k=64),
         "tsan-quant_gemv-q5_k": partial(quant.check_quant_gemv, dt=BFLOAT16, qtype="q5_k", n=11, k=256),
-        "tsan-quant_gemm": partial(quant.check_quant_gemm, dt=BFLOAT16, qtype="q4_0", n=70, k=64, row_counts=(9,)),
+        # 4 steps: each half of the double buffer refilled after the tensor cores read it
+        "tsan-quant_gemm": partial(quant.check_quant_gemm, dt=BFLOAT16, qtype="q4_0", n=70, k=128, row_counts=(9,)),
         "tsan-quant_gemm-f32": partial(quant.check_quant_gemm, dt=FLOAT32, qtype="q6_k", n=11, k=256, row_counts=(9,)),
         "tsan-dequantize": partial(quant.check_dequantize, dt=BFLOAT16, qtype="q8_0"),
         "tsan-decode": partial(att.check_decode, dt=FLOAT16, s=small, context_lens=(37, 5)),

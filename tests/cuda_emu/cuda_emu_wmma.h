@@ -8,7 +8,8 @@
 //
 // Every operation is warp-collective, as on the GPU: the lanes meet at a barrier and must pass the same pointer
 // and leading dimension (a divergent or per-lane call fails). The CUDA documentation's preconditions are
-// checked too: the pointer 256-bit (32-byte) aligned, ldm a multiple of 16 bytes.
+// checked too: the pointer 256-bit (32-byte) aligned, ldm a multiple of 16 bytes, 16-bit operands. As on the
+// GPU, a lane may read what other lanes stored only after a barrier (__syncwarp or __syncthreads).
 #pragma once
 
 namespace nvcuda::wmma {
@@ -31,6 +32,9 @@ constexpr int fragment_elements() {
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
   static_assert(M == kTile && N == kTile && K == kTile, "only the 16 x 16 x 16 shape is emulated");
+  static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float>
+                                                 : std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "operands are __half or __nv_bfloat16 (float ones need tf32), accumulators float");
   static constexpr int num_elements = fragment_elements<Use>();
   T x[num_elements];
 };
@@ -98,7 +102,6 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
     const int i = accumulator_index(e);
     ::cuda_emu::wmma_at(p, ldm, l == mem_row_major, i / kTile, i % kTile) = f.x[e];
   }
-  ::cuda_emu::my_warp().bar.arrive_and_wait();  // the tile is whole once the warp's call returns
 }
 
 template <typename Use, typename T, typename Layout>

@@ -86,6 +86,16 @@ def test_cuda_include_dirs_finds_a_wheel_layout(tmp_path: Path, monkeypatch: pyt
     assert source.nvrtc_options([str(include)])[-1] == f"-I{include}"
 
 
+def test_nvrtc_tries_its_own_headers_then_the_toolkits_then_no_tensor_cores() -> None:
+    plain, toolkit, cores_off = source.option_sets(["/cuda/include"])
+    assert toolkit == (*plain, "-I/cuda/include") and cores_off == (*toolkit, source.NO_TENSOR_CORES)
+    assert source.tensor_cores(plain) and source.tensor_cores(toolkit) and not source.tensor_cores(cores_off)
+    assert source.option_sets([]) == [plain, (*plain, source.NO_TENSOR_CORES)]
+    text = source.module_source()  # the GEMM includes <mma.h> unless told not to: a missing one fails the build
+    guard = "#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PS_NO_TENSOR_CORES)\n"
+    assert guard + "#include <mma.h>" in text
+
+
 @pytest.mark.usefixtures("no_toolkit")
 def test_a_toolkit_wins_over_the_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cuda_headers(tmp_path / "site" / "nvidia" / "cu13" / "include")

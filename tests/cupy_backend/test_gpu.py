@@ -151,7 +151,7 @@ def test_synthetic_model_matches_numpy_step_by_step(gpu: Device, synthetic: Load
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_stored_weights_match_numpy_step_by_step(gpu: Device, synthetic_stored: LoadedModel, dtype: str) -> None:
-    """Prefill (through dense copies of the blocks) and batch-4 decode (through the dequantizing GEMV) against
+    """Prefill (through the dequantizing GEMM) and batch-4 decode (through the dequantizing GEMV) against
     NumpyBackend reading the same blocks."""
     lengths = [40, 17, 5, 64]
     prompts = random_prompts(lengths, seed=2, vocab=synthetic_stored.config.vocab_size)
@@ -181,11 +181,12 @@ def test_tiny_gemma3_matches_numpy_step_by_step(gpu: Device, dtype: str, tmp_pat
 
 
 def test_long_contexts_take_the_partitioned_decode(gpu: Device, synthetic: LoadedModel) -> None:
-    """Contexts over 512 tokens, prefilled in chunks of 256 after a cached prefix, then decoded: the decode
-    policy splits them into partitions (few sequences x heads)."""
+    """Contexts over 512 tokens, prefilled in chunks of 256 after a cached prefix, then decoded through the
+    partitioned kernel (forced: whichever the decode policy picks, this test checks the split one)."""
     lengths = [1100, 600, 40]
     prompts = random_prompts(lengths, seed=4, vocab=synthetic.config.vocab_size)
     gpu_backend, ref_backend = cupy_backend(gpu, synthetic, "float32"), numpy_backend(synthetic)
+    gpu_backend.forward.k = replace(gpu_backend.forward.k, split_decode=True)
     gpu_seqs, ref_seqs = new_seqs(lengths, 5), new_seqs(lengths, 5)
     for start in range(0, max(lengths), 256):
         live = [i for i, n in enumerate(lengths) if start < n]

@@ -16,9 +16,12 @@
 // through a float tile in shared memory, which the block writes out row by row.
 #include "quant_blocks.cuh"
 
+// PS_NO_TENSOR_CORES: the build NVRTC falls back to where no header directory has <mma.h> (source.option_sets),
+// which the backend reports; the header is included unconditionally otherwise, so a missing one fails the
+// build that lacks it instead of quietly leaving the tensor cores out.
 #if defined(CUDA_EMU)
 #define PS_TENSOR_CORES 1  // the emulation's nvcuda::wmma
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && __has_include(<mma.h>)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(PS_NO_TENSOR_CORES)
 #include <mma.h>
 #define PS_TENSOR_CORES 1
 #else
@@ -62,40 +65,49 @@ struct Tile {
   int row0, col0, rows, n, k;
 };
 
-// x's step `s` into tiles.x: 16-byte vectors, zeros for rows past the batch.
+// What one thread brings to a step's tiles, held in registers between the global loads and the shared-memory
+// stores so that the loads of step s + 1 are in flight while step s is multiplied: its 16-byte vectors of x's
+// tile, and its half block of W's tile row, dequantized.
 template <typename T>
-__device__ __forceinline__ void fill_x(StepTiles<T>& tiles, const T* __restrict__ x, const Tile& t, int s) {
-  constexpr int kVec = 16 / sizeof(T), kPerRow = kStep / kVec;
-  using V = ps::Vec<T, kVec>;
-  for (int v = threadIdx.x; v < kTileRows * kPerRow; v += kThreads) {
-    const int r = v / kPerRow, c = v % kPerRow * kVec;
-    V value = {};
-    if (t.row0 + r < t.rows) value = *reinterpret_cast<const V*>(x + static_cast<long long>(t.row0 + r) * t.k + s * kStep + c);
-    *reinterpret_cast<V*>(&tiles.x[r][c]) = value;
-  }
-}
+struct Staged {
+  static constexpr int kVec = 16 / sizeof(T), kPerRow = kStep / kVec;
+  static constexpr int kVectors = kTileRows * kPerRow / kThreads;
+  ps::Vec<T, kVec> x[kVectors];
+  ps_quant::Half w;
 
-// W's block `s` of each tile row into tiles.w, in the storage dtype. A ragged n: the last rows read row
-// n - 1 again; their columns of y are never written.
-template <typename Q, typename T>
-__device__ __forceinline__ void fill_w(StepTiles<T>& tiles, const unsigned char* __restrict__ w, const Tile& t,
+  // Step s: x's vectors t, t + kThreads, ... (zeros for rows past the batch), and half block t % 2 of W's tile
+  // row t / 2 (a ragged n reads row n - 1 again; its columns of y are never written).
+  template <typename Q>
+  __device__ __forceinline__ void load(const T* __restrict__ xs, const unsigned char* __restrict__ ws, const Tile& t,
                                        int s) {
-  const int r = threadIdx.x / ps_quant::kHalves;
-  const long long row = ps::min_int(t.col0 + r, t.n - 1);
-  const ps_quant::Half half = ps_quant::half_at<Q>(w + row * ps_quant::row_bytes<Q>(t.k), s, threadIdx.x % ps_quant::kHalves);
 #pragma unroll
-  for (int run = 0; run < 2; ++run) {
-#pragma unroll
-    for (int j = 0; j < ps_quant::kRun; ++j) tiles.w[r][half.start[run] + j] = ps::from_float<T>(half.w[run][j]);
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = threadIdx.x + i * kThreads, r = v / kPerRow, c = v % kPerRow * kVec;
+      x[i] = {};
+      if (t.row0 + r < t.rows) {
+        x[i] = *reinterpret_cast<const ps::Vec<T, kVec>*>(xs + static_cast<long long>(t.row0 + r) * t.k + s * kStep + c);
+      }
+    }
+    const long long row = ps::min_int(t.col0 + static_cast<int>(threadIdx.x) / ps_quant::kHalves, t.n - 1);
+    w = ps_quant::half_at<Q>(ws + row * ps_quant::row_bytes<Q>(t.k), s, threadIdx.x % ps_quant::kHalves);
   }
-}
-static_assert(kThreads == kTileCols * ps_quant::kHalves, "fill_w: one half block per thread");
 
-template <typename Q, typename T>
-__device__ __forceinline__ void fill(StepTiles<T>& tiles, const T* x, const unsigned char* w, const Tile& t, int s) {
-  fill_x(tiles, x, t, s);
-  fill_w<Q>(tiles, w, t, s);
-}
+  // Into the step's tiles, W rounded to the storage dtype.
+  __device__ __forceinline__ void store(StepTiles<T>& tiles) const {
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = threadIdx.x + i * kThreads;
+      *reinterpret_cast<ps::Vec<T, kVec>*>(&tiles.x[v / kPerRow][v % kPerRow * kVec]) = x[i];
+    }
+    const int r = threadIdx.x / ps_quant::kHalves;
+#pragma unroll
+    for (int run = 0; run < 2; ++run) {
+#pragma unroll
+      for (int j = 0; j < ps_quant::kRun; ++j) tiles.w[r][w.start[run] + j] = ps::from_float<T>(w.w[run][j]);
+    }
+  }
+};
+static_assert(kThreads == kTileCols * ps_quant::kHalves, "Staged: one half block of W per thread");
 
 // The CUDA cores' product: thread t's 4 x 8 sums.
 struct CoreSums {
@@ -210,11 +222,14 @@ __device__ __forceinline__ void gemm(OutT* __restrict__ y, const T* __restrict__
   const Tile t{static_cast<int>(blockIdx.x) * kTileRows, static_cast<int>(blockIdx.y) * kTileCols, rows, n, k};
   const int steps = k / kStep;
   Sums<T> sums;
-  fill<Q>(smem.step[0], x, w, t, 0);
+  Staged<T> next;
+  next.template load<Q>(x, w, t, 0);
+  next.store(smem.step[0]);
   __syncthreads();
   for (int s = 0; s < steps; ++s) {
-    if (s + 1 < steps) fill<Q>(smem.step[(s + 1) % 2], x, w, t, s + 1);
+    if (s + 1 < steps) next.template load<Q>(x, w, t, s + 1);
     sums.add(smem.step[s % 2]);
+    if (s + 1 < steps) next.store(smem.step[(s + 1) % 2]);
     __syncthreads();  // the step's tiles are read, and the next one's written
   }
   sums.store(smem.out);
