@@ -4,6 +4,7 @@ Geometry from launch.py, arguments in the kernels' order, outputs allocated here
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,19 +22,17 @@ class QuantKernels:
 
     def gemv(self, x: Any, w: DeviceQuant, logits: bool = False) -> Any:
         """x (rows, k) @ w.T for 1..launch.QUANT_GEMV_MAX_ROWS rows: storage dtype, or float32 logits."""
-        rows, (n, k) = int(x.shape[0]), w.shape
-        out = self.xp.empty((rows, n), dtype=self.xp.float32 if logits else self.storage.dtype)
-        if rows:
-            spec = launch.quant_gemv(w.qtype, self.storage.name, rows, n, k, logits)
-            self.launcher.launch(spec, [out, self.xp.ascontiguousarray(x), w.data, rows, n, k])
-        return out
+        return self._launch_product(launch.quant_gemv, x, w, logits)
 
     def gemm(self, x: Any, w: DeviceQuant, logits: bool = False) -> Any:
         """x (rows, k) @ w.T for any number of rows, w's blocks dequantized tile by tile in shared memory."""
+        return self._launch_product(launch.quant_gemm, x, w, logits)
+
+    def _launch_product(self, kernel: Callable[..., launch.Launch], x: Any, w: DeviceQuant, logits: bool) -> Any:
         rows, (n, k) = int(x.shape[0]), w.shape
         out = self.xp.empty((rows, n), dtype=self.xp.float32 if logits else self.storage.dtype)
         if rows:
-            spec = launch.quant_gemm(w.qtype, self.storage.name, rows, n, k, logits)
+            spec = kernel(w.qtype, self.storage.name, rows, n, k, logits)
             self.launcher.launch(spec, [out, self.xp.ascontiguousarray(x), w.data, rows, n, k])
         return out
 
