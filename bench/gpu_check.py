@@ -14,7 +14,8 @@ Sections, each timed and guarded (a failure is recorded and the next section sti
   e2e_decode        end-to-end decode tokens/s at batch 1, 64 and 256 through CupyBackend.execute, on random
                     weights in SmolLM2's shape (step time does not depend on the weight values)
   quant_gemv        the dequantizing GEMV alone on Q4_1 and Q8_0 matrices at 1 and 8 rows: bytes of the stored
-                    matrix per second against the peak; and the dense copy larger batches take instead
+                    matrix per second against the peak; and a dense copy of each (what larger batches took
+                    before the dequantizing GEMM)
   quant_gemm        the dequantizing GEMM alone at 1 to 256 rows on SmolLM2's Q4_1 MLP matrices and Q8_0 head,
                     against the GEMM on the same matrix held dense in the storage dtype (the target: no slower
                     at 64 and 256 rows) and against a dense copy made for the product (the path it replaced);
