@@ -20,6 +20,7 @@ ATTENTION_THREADS = 128  # kThreads in paged_attention_decode.cu and paged_prefi
 DEFAULT_PARTITION_SIZE = 512
 PREFILL_Q_TILE = 16  # kQTile in paged_prefill_attention.cu
 PREFILL_K_TILE = 32  # kKTile
+DECODE_BLOCK_SIZES = (16,)  # KV block sizes the decode kernels are also compiled for (PS_DEFINE_DECODE's _b16)
 ROW_THREADS_MAX = 256  # block size cap of the one-block-per-row kernels
 # Dynamic shared memory a kernel gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize); the
 # prefill kernel's head_dim 256 layout needs more, which the launcher asks for.
@@ -106,13 +107,21 @@ def use_partitioned_decode(
     return parts > 1 and (max_context_len > 8192 or num_seqs * num_heads <= 512)
 
 
-def paged_attention_decode(dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int) -> Launch:
+def _decode_name(base: str, dtype: str, head_dim: int, block_size: int) -> str:
+    """The decode kernel compiled for `block_size` where there is one (DECODE_BLOCK_SIZES), else the general one."""
+    tail = f"_b{block_size}" if block_size in DECODE_BLOCK_SIZES else ""
+    return _attention_name(base, dtype, head_dim) + tail
+
+
+def paged_attention_decode(dtype: str, head_dim: int, num_seqs: int, num_heads: int, num_kv_heads: int,
+                           block_size: int = 0) -> Launch:
     """Args: out (seqs, heads, head_dim), q, k_cache, v_cache, block_tables, context_lens, scale (float),
     num_kv_heads, max_blocks_per_seq, block_size, q_stride, window (0: the whole context; else a sliding layer's
-    last `window` positions, and none read before them)."""
+    last `window` positions, and none read before them). block_size: the KV pool's, which picks the kernel
+    compiled for it (0: the general one)."""
     _check_gqa(num_heads, num_kv_heads)
     return Launch(
-        _attention_name("paged_attention_decode", dtype, head_dim),
+        _decode_name("paged_attention_decode", dtype, head_dim, block_size),
         (num_heads, num_seqs, 1),
         (ATTENTION_THREADS, 1, 1),
         0,
@@ -129,6 +138,7 @@ def paged_attention_decode_partitioned(
     max_context_len: int,
     partition_size: int = DEFAULT_PARTITION_SIZE,
     window: int = 0,
+    block_size: int = 0,
 ) -> Launch:
     """Args: exp_sums, max_logits (float, (seqs, heads, partitions)), tmp_out (float, (seqs, heads,
     partitions, head_dim)), q, k_cache, v_cache, block_tables, context_lens, scale (float), num_kv_heads,
@@ -137,7 +147,7 @@ def paged_attention_decode_partitioned(
     _check_gqa(num_heads, num_kv_heads)
     parts = num_partitions(attended_span(max_context_len, window), partition_size)
     return Launch(
-        _attention_name("paged_attention_decode_partitioned", dtype, head_dim),
+        _decode_name("paged_attention_decode_partitioned", dtype, head_dim, block_size),
         (num_heads, num_seqs, parts),
         (ATTENTION_THREADS, 1, 1),
         0,
@@ -271,4 +281,6 @@ def all_kernel_names() -> tuple[str, ...]:
                     "paged_prefill_attention",
                 )
             ]
+            names += [_decode_name(base, dtype, head_dim, size) for size in DECODE_BLOCK_SIZES
+                      for base in ("paged_attention_decode", "paged_attention_decode_partitioned")]
     return tuple(names)

@@ -109,10 +109,10 @@ class Kernels:
         if not step.decode_only:
             self._prefill(out, step, shape, args, window)
         elif self.partitioned(step, shape, window):
-            self._decode_partitioned(out, step, shape, args, window)
+            self._decode_partitioned(out, step, shape, args, window, int(k_cache.shape[1]))
         else:
             spec = launch.paged_attention_decode(self.dtype, shape.head_dim, step.num_seqs, shape.num_heads,
-                                                 shape.num_kv_heads)
+                                                 shape.num_kv_heads, int(k_cache.shape[1]))
             self.launcher.launch(spec, [out, *args, window])
         return out
 
@@ -131,10 +131,11 @@ class Kernels:
         self.launcher.launch(spec, [out, q, k, v, tables, lens, step.query_start, *rest, window])
 
     def _decode_partitioned(self, out: Any, step: DeviceStep, shape: ModelConfig, args: list[Any],
-                            window: int) -> None:
+                            window: int, block_size: int) -> None:
         seqs, heads, size = step.num_seqs, shape.num_heads, self.partition_size
         spec = launch.paged_attention_decode_partitioned(self.dtype, shape.head_dim, seqs, heads,
-                                                         shape.num_kv_heads, step.max_context_len, size, window)
+                                                         shape.num_kv_heads, step.max_context_len, size, window,
+                                                         block_size)
         parts = spec.grid[2]
         exp_sums = self.xp.empty((seqs, heads, parts), dtype=self.xp.float32)
         max_logits = self.xp.empty((seqs, heads, parts), dtype=self.xp.float32)

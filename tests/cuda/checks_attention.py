@@ -51,7 +51,7 @@ def check_decode(lib: EmuLib, dt: DType, s: Shape, context_lens: Sequence[int], 
     qkv, q, q_stride = _q_views(rng, dt, seqs, s)
     scale = 1.0 / math.sqrt(s.head_dim)
     out = nan_like(dt, (seqs, s.heads, s.head_dim))
-    spec = launch.paged_attention_decode(dt.name, s.head_dim, seqs, s.heads, s.kv_heads)
+    spec = launch.paged_attention_decode(dt.name, s.head_dim, seqs, s.heads, s.kv_heads, s.block_size)
     lib.launch(spec, [out, qkv, *_kv_args(kv), scale, s.kv_heads, kv.max_blocks, s.block_size, q_stride, s.window])
     expected = reference.paged_attention_decode(q, kv.k_values, kv.v_values, kv.block_tables, kv.context_lens, scale,
                                                 s.window)
@@ -67,7 +67,7 @@ def check_decode_partitioned(
     qkv, q, q_stride = _q_views(rng, dt, seqs, s)
     scale = 1.0 / math.sqrt(s.head_dim)
     spec = launch.paged_attention_decode_partitioned(
-        dt.name, s.head_dim, seqs, s.heads, s.kv_heads, max(context_lens), partition_size, s.window
+        dt.name, s.head_dim, seqs, s.heads, s.kv_heads, max(context_lens), partition_size, s.window, s.block_size
     )
     parts = spec.grid[2]
     assert parts >= 2, "a partitioned case must span several partitions"

@@ -9,6 +9,7 @@ cases use windows shorter than most contexts, at head_dim 64 and 256 (Gemma 3's)
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -30,6 +31,7 @@ PREFILL_CHUNKS = (23, 5, 1, 37, 16)
 WINDOW = 20  # shorter than most contexts above, longer than some, not a multiple of the block size
 D256 = att.Shape(heads=4, kv_heads=2, head_dim=256)
 D256_WINDOW = att.Shape(heads=4, kv_heads=1, head_dim=256, window=WINDOW)
+BLOCK8 = att.Shape(heads=6, kv_heads=2, block_size=8)
 
 
 def check_conversions(lib: EmuLib, dt: DType) -> None:
@@ -119,6 +121,12 @@ def _special_cases() -> dict[str, Case]:
             att.check_prefill, dt=BFLOAT16, s=d128, prefix_lens=(7, 0), query_lens=(20, 33)
         ),
         "decode-empty-float32": partial(att.check_decode, dt=FLOAT32, s=GQA_3, context_lens=(0, 9)),
+        # A block size without a kernel of its own (the others run the _b16 ones): the general kernels.
+        "decode-float16-block8": partial(att.check_decode, dt=FLOAT16, s=BLOCK8, context_lens=DECODE_CONTEXTS),
+        "decode-parts16-bfloat16-block8-window": partial(
+            att.check_decode_partitioned, dt=BFLOAT16, s=replace(BLOCK8, window=WINDOW), context_lens=(70, 0, 21, 37),
+            partition_size=16
+        ),
     }
 
 

@@ -10,7 +10,8 @@ from backends.cupy_backend import launch
 def test_names_are_unique_and_cover_every_dtype_and_head_dim() -> None:
     names = launch.all_kernel_names()
     quant = 5 * len(launch.QUANT_TYPES)  # GEMV and GEMM, each also to float32 logits; dequantize
-    assert len(names) == len(set(names)) == 3 * (len(launch.ROW_KERNELS) + 4 * len(launch.HEAD_DIMS) + quant)
+    attention = (4 + 2 * len(launch.DECODE_BLOCK_SIZES)) * len(launch.HEAD_DIMS)  # and decode's per block size
+    assert len(names) == len(set(names)) == 3 * (len(launch.ROW_KERNELS) + attention + quant)
     assert "paged_attention_decode_bf16_d128" in names and "rope_and_cache_f16" in names
     assert {"paged_prefill_attention_f16_d256", "gelu_tanh_mul_bf16", "silu_mul_f32", "head_rms_norm_f16"} <= set(names)
     assert {"quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_f16", "dequantize_q4_0_f32"} <= set(names)
@@ -66,6 +67,16 @@ def test_prefill_shared_memory_fits_the_default_48k_below_head_dim_256(head_dim:
     spec = launch.paged_prefill_attention("float16", head_dim, 3, 8, 2, 37)
     assert spec.shared_mem <= (launch.DEFAULT_SHARED_MEM if head_dim < 256 else 99 * 1024)
     assert spec.grid == (8, 3, 3)
+
+
+def test_the_default_block_size_has_decode_kernels_of_its_own() -> None:
+    assert launch.paged_attention_decode("bfloat16", 64, 2, 9, 3, 16).name == "paged_attention_decode_bf16_d64_b16"
+    assert launch.paged_attention_decode("bfloat16", 64, 2, 9, 3, 8).name == "paged_attention_decode_bf16_d64"
+    spec = launch.paged_attention_decode_partitioned("float16", 256, 2, 4, 1, 1025, 512, 0, block_size=16)
+    assert spec.name == "paged_attention_decode_partitioned_f16_d256_b16"
+    names = set(launch.all_kernel_names())
+    assert {f"paged_attention_decode{p}_{t}_d{d}_b16" for p in ("", "_partitioned") for t in ("f32", "f16", "bf16")
+            for d in launch.HEAD_DIMS} <= names
 
 
 def test_partitions_cover_the_longest_context() -> None:

@@ -363,7 +363,7 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     graphs = report.sections["cuda_graphs"]
     assert set(graphs["batches"]) == {"1", "2"} and graphs["buckets"] == [1, 2], graphs
     assert all(v["eager_ms"] > 0 and v["replay_ms"] > 0 for v in graphs["batches"].values())
-    assert {"paged_attention_decode_bf16_d64", "paged_attention_decode_partitioned_bf16_d64",
+    assert {"paged_attention_decode_bf16_d64_b16", "paged_attention_decode_partitioned_bf16_d64_b16",
             "paged_attention_reduce_bf16_d64", "quant_gemv_q4_1_bf16", "quant_gemv_logits_q8_0_bf16",
             "quant_gemm_q4_1_bf16", "dequantize_q4_1_bf16", "dequantize_q8_0_bf16"} <= set(launcher.names)
 

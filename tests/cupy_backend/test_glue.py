@@ -51,7 +51,7 @@ def test_module_source_inlines_each_local_header_once() -> None:
     bases = "quant_gemv_logits|quant_gemv|quant_gemm_logits|quant_gemm|dequantize"
     quant = re.compile(rf"^({bases})_({'|'.join(launch.QUANT_TYPES)})$")
     for name in launch.all_kernel_names():  # every name is spelled out or built by a PS_DEFINE_* macro
-        base = re.sub(r"_(f32|f16|bf16)(_d\d+)?$", "", name)
+        base = re.sub(r"_(f32|f16|bf16)(_d\d+)?(_b\d+)?$", "", name)
         match = quant.match(base)
         if match:
             assert f" {match[1]}_##NAME##_##SUFFIX" in text and f"X({match[2]}, " in text, name

@@ -15,14 +15,19 @@ __device__ __forceinline__ int window_start(int last, int window) {
   return window > 0 && last + 1 > window ? last + 1 - window : 0;
 }
 
-// One kv head's view of a paged cache shaped (num_blocks, block_size, num_kv_heads, head_dim).
+// One kv head's view of a paged cache shaped (num_blocks, block_size, num_kv_heads, head_dim). kBlockSize > 0:
+// the block size known when compiling (it must equal block_size), so a position's block and row within it are a
+// shift and a mask; 0: any block size, by division.
+template <int kBlockSize = 0>
 struct KvLayout {
   int block_size, num_kv_heads, kv_head, head_dim;
 
-  // Element offset of the row for context position `pos` of the sequence whose block table row is `table`.
+  __device__ __forceinline__ int size() const { return kBlockSize > 0 ? kBlockSize : block_size; }
+
+  // Element offset of the row for context position `pos` (>= 0) of the sequence whose block table row is `table`.
   __device__ __forceinline__ long long offset(const int* table, int pos) const {
-    const long long block = table[pos / block_size];
-    return ((block * block_size + pos % block_size) * num_kv_heads + kv_head) * head_dim;
+    const long long block = table[pos / size()];
+    return ((block * size() + pos % size()) * num_kv_heads + kv_head) * head_dim;
   }
 };
 

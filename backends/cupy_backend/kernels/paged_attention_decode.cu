@@ -55,7 +55,8 @@ struct Rows {
 
   // Token u of the group is position first + u * kTokensPerWarp; past `end` it loads position end - 1 again
   // and is marked invalid (no branch before the group's shuffle).
-  __device__ __forceinline__ void load(const T* k_cache, const T* v_cache, const int* table, const ps::KvLayout& kv,
+  template <typename Layout>
+  __device__ __forceinline__ void load(const T* k_cache, const T* v_cache, const int* table, const Layout& kv,
                                        int first, int end, int gl) {
 #pragma unroll
     for (int u = 0; u < S::kUnroll; ++u) {
@@ -101,9 +102,9 @@ __device__ __forceinline__ void visit_tokens(State& st, const float (&score)[Spl
 }
 
 // Runs this lane's group over its share of the positions [start, end).
-template <typename T, int D>
+template <typename T, int D, typename Layout>
 __device__ __forceinline__ State group_attend(const float* q, const T* k_cache, const T* v_cache,
-                                              const int* table, const ps::KvLayout& kv, int start, int end) {
+                                              const int* table, const Layout& kv, int start, int end) {
   using S = Split<T, D>;
   const int lane = threadIdx.x % ps::kWarpSize, warp = threadIdx.x / ps::kWarpSize;
   const int group = lane / S::kGroup, gl = lane % S::kGroup;
@@ -165,7 +166,7 @@ __device__ __forceinline__ Merged<D> merge_groups(const State& st) {
   return r;
 }
 
-template <typename T, int D, bool kPartial>
+template <typename T, int D, bool kPartial, int kBlockSize>
 __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ exp_sums,
                                        float* __restrict__ max_logits, float* __restrict__ tmp_out,
                                        const T* __restrict__ q, const T* __restrict__ k_cache,
@@ -187,7 +188,7 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
     }
     return;
   }
-  const ps::KvLayout kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
+  const ps::KvLayout<kBlockSize> kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
   const int gl = threadIdx.x % ps::kWarpSize % S::kGroup;
   float qf[ps::kPerLane];
 #pragma unroll
@@ -219,23 +220,26 @@ __device__ __forceinline__ void decode(T* __restrict__ out, float* __restrict__ 
 
 }  // namespace ps_decode
 
-#define PS_DEFINE_DECODE(SUFFIX, T, D)                                                                       \
+// Each kernel twice: for any block size, and with the KV pool's default block size of 16 compiled in
+// (launch.DECODE_BLOCK_SIZES; names ending _b16).
+#define PS_DECODE_KERNELS(SUFFIX, T, D, TAIL, BLOCK)                                                         \
   extern "C" __global__ void __launch_bounds__(ps_decode::kThreads, ps_decode::kMinBlocks)                 \
-      paged_attention_decode_##SUFFIX##_d##D(                                                                \
+      paged_attention_decode_##SUFFIX##_d##D##TAIL(                                                          \
       T* out, const T* q, const T* k_cache, const T* v_cache, const int* block_tables,                       \
       const int* context_lens, float scale, int num_kv_heads, int max_blocks_per_seq, int block_size,        \
       int q_stride, int window) {                                                                            \
-    ps_decode::decode<T, D, false>(out, nullptr, nullptr, nullptr, q, k_cache, v_cache, block_tables,        \
-                                   context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,        \
-                                   q_stride, 0, window);                                                     \
+    ps_decode::decode<T, D, false, BLOCK>(out, nullptr, nullptr, nullptr, q, k_cache, v_cache, block_tables, \
+                                          context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size, \
+                                          q_stride, 0, window);                                              \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(ps_decode::kThreads, ps_decode::kMinBlocks)                 \
-      paged_attention_decode_partitioned_##SUFFIX##_d##D(                                                    \
+      paged_attention_decode_partitioned_##SUFFIX##_d##D##TAIL(                                              \
       float* exp_sums, float* max_logits, float* tmp_out, const T* q, const T* k_cache, const T* v_cache,    \
       const int* block_tables, const int* context_lens, float scale, int num_kv_heads,                       \
       int max_blocks_per_seq, int block_size, int q_stride, int partition_size, int window) {                \
-    ps_decode::decode<T, D, true>(nullptr, exp_sums, max_logits, tmp_out, q, k_cache, v_cache, block_tables, \
-                                  context_lens, scale, num_kv_heads, max_blocks_per_seq, block_size,         \
-                                  q_stride, partition_size, window);                                         \
+    ps_decode::decode<T, D, true, BLOCK>(nullptr, exp_sums, max_logits, tmp_out, q, k_cache, v_cache,       \
+                                         block_tables, context_lens, scale, num_kv_heads, max_blocks_per_seq, \
+                                         block_size, q_stride, partition_size, window);                      \
   }
+#define PS_DEFINE_DECODE(SUFFIX, T, D) PS_DECODE_KERNELS(SUFFIX, T, D, , 0) PS_DECODE_KERNELS(SUFFIX, T, D, _b16, 16)
 PS_FOR_EACH_DTYPE_AND_HEAD_DIM(PS_DEFINE_DECODE)

@@ -33,7 +33,7 @@ struct Smem {
 // Loads key/value rows [kt, kt + n) of the context into shared memory as float.
 template <typename T, int D>
 __device__ __forceinline__ void load_kv_tile(float* sk, float* sv, const T* k_cache, const T* v_cache,
-                                             const int* table, const ps::KvLayout& kv, int kt, int n) {
+                                             const int* table, const ps::KvLayout<>& kv, int kt, int n) {
   constexpr int kVec = 16 / sizeof(T), kVecsPerRow = D / kVec;
   for (int i = threadIdx.x; i < n * kVecsPerRow; i += kThreads) {
     const int j = i / kVecsPerRow, c = i % kVecsPerRow * kVec;
@@ -103,7 +103,7 @@ __device__ __forceinline__ void prefill(T* __restrict__ out, const T* __restrict
   const int first_pos = context_lens[seq] - q_len + tile0;  // position of this tile's first query
   const int key_end = first_pos + rows;  // the last query sees keys up to key_end - 1
   const int key_begin = ps::window_start(first_pos, window);  // the first query's first key: none is earlier
-  const ps::KvLayout kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
+  const ps::KvLayout<> kv{block_size, num_kv_heads, head / (num_heads / num_kv_heads), D};
   const int* table = block_tables + static_cast<long long>(seq) * max_blocks_per_seq;
   const long long q_row0 = q_begin + tile0;
 
