@@ -59,25 +59,27 @@ class Twins:
         return self.tapes.replays - before
 
 
-def make_twins(library: Path, model_path: Path, dtype: str, mode: str, stored: StoredTypes = ()) -> Twins:
+def make_twins(library: Path, model_path: Path, dtype: str, mode: str, stored: StoredTypes = (),
+               max_batch: int = GRAPH_MAX, num_blocks: int = NUM_BLOCKS) -> Twins:
     model = load_model(model_path, stored)
     device, _ = emu_device(library)
     eager_device, _ = emu_device(library)
     graphed = CupyBackend(model.config, model.weights, device, dtype=dtype, partition_size=PARTITION_SIZE,
-                          graphs=GraphSettings(mode, GRAPH_MAX))
+                          graphs=GraphSettings(mode, max_batch))
     eager = CupyBackend(model.config, model.weights, eager_device, dtype=dtype, partition_size=PARTITION_SIZE)
     for backend in (graphed, eager):
-        backend.init_cache(NUM_BLOCKS, BLOCK_SIZE)
+        backend.init_cache(num_blocks, BLOCK_SIZE)
     assert isinstance(device.graphs, TapeGraphs)
     return Twins(graphed, eager, device.graphs, dtype)
 
 
-def prefilled(twins: Twins, count: int, seed: int) -> list[SeqState]:
-    """`count` sequences over disjoint shuffled blocks (block 0 unused), prefilled past one partition."""
+def prefilled(twins: Twins, count: int, seed: int, blocks_each: int = 9, prompt_len: int = 33) -> list[SeqState]:
+    """`count` sequences over disjoint shuffled blocks (block 0 unused), prefilled (by default past one
+    partition)."""
     rng = np.random.default_rng(seed)
-    order = [int(b) for b in rng.permutation(np.arange(1, NUM_BLOCKS))]
-    seqs = [SeqState(blocks=order[i * 9 : (i + 1) * 9]) for i in range(count)]
-    prompts = [[int(t) for t in rng.integers(3, 32, 33 + 2 * i)] for i in range(count)]
+    order = [int(b) for b in rng.permutation(np.arange(1, twins.graphed.cache.num_blocks))]
+    seqs = [SeqState(blocks=order[i * blocks_each : (i + 1) * blocks_each]) for i in range(count)]
+    prompts = [[int(t) for t in rng.integers(3, 32, prompt_len + 2 * i)] for i in range(count)]
     assert twins.replays(make_batch(seqs, prompts, BLOCK_SIZE)) == 0, "a prefill step replayed a graph"
     return seqs
 
@@ -142,8 +144,8 @@ def check_replay_reads_static_inputs(twins: Twins, seqs: list[SeqState]) -> None
 
 
 def check_padding_writes_no_kv(twins: Twins, seqs: list[SeqState]) -> None:
-    """A 3-sequence step in bucket 4: only the step's slots change in the graphed pool, no slot outside the
-    sequences' tokens was ever written, and both pools agree."""
+    """A step of fewer sequences than its bucket (3 in bucket 4, 11 in 16): only the step's slots change in the
+    graphed pool, no slot outside the sequences' tokens was ever written, and both pools agree."""
     before = twins.graphed.cache.data.copy()
     batch = decode(seqs, 12)
     assert twins.replays(batch) == 2
@@ -161,7 +163,7 @@ def check_padding_writes_no_kv(twins: Twins, seqs: list[SeqState]) -> None:
 
 def slot_written(pool: np.ndarray) -> np.ndarray:
     """(slots,) bool: whether any layer's K or V in the slot is nonzero (the pool starts zeroed)."""
-    return (pool != 0).reshape(*pool.shape[:2], NUM_BLOCKS * BLOCK_SIZE, -1).any(axis=(0, 1, 3))
+    return (pool != 0).reshape(*pool.shape[:2], pool.shape[2] * pool.shape[3], -1).any(axis=(0, 1, 3))
 
 
 def graphs_scenario(library: Path, model_path: Path) -> None:
@@ -196,6 +198,21 @@ def quant_graphs_scenario(library: Path, model_path: Path) -> None:
     kernels = set(twins.tapes.tapes[0].kernels)
     assert {"quant_gemv_q4_1_bf16", "dequantize_q8_0_bf16", "quant_gemv_logits_q8_0_bf16"} <= kernels, kernels
     print(f"graphs quant bfloat16: {twins.tapes.captures} captures, {twins.tapes.replays} replays")
+
+
+def quant_gemm_graphs_scenario(library: Path, model_path: Path) -> None:
+    """The quantized tiny model in bfloat16 with 11 sequences in bucket 16: past the GEMV's 8 rows, the
+    dequantizing GEMM inside the graph (5 of its rows padding), replayed against the eager twin."""
+    path = write_tiny_llama_d64_quant(model_path.with_name("tiny-d64-quant-gemm-graphs.gguf"))
+    twins = make_twins(library, path, "bfloat16", "lazy", stored_types(), max_batch=16, num_blocks=60)
+    seqs = prefilled(twins, 11, 7, blocks_each=5, prompt_len=17)
+    check_padding_writes_no_kv(twins, seqs)
+    for seed in (25, 26):
+        assert twins.replays(decode(seqs, seed)) == 2
+    kernels = set(twins.tapes.tapes[0].kernels)
+    assert {"quant_gemm_q4_1_bf16", "quant_gemm_q4_0_bf16", "quant_gemm_logits_q8_0_bf16"} <= kernels, kernels
+    assert not any(name.startswith("quant_gemv") for name in kernels), kernels
+    print(f"graphs quant GEMM bfloat16: {twins.tapes.captures} captures, {twins.tapes.replays} replays")
 
 
 def gemma3_graphs_scenario(library: Path, model_path: Path) -> None:

@@ -36,7 +36,12 @@ from backends.numpy_backend.backend import NumpyBackend
 from backends.numpy_backend.native.weights import STORED_TYPES as NUMPY_STORED_TYPES
 from tests.backends.hf_checkpoints import write_bfloat16_checkpoint
 from tests.cupy_backend.emu_device import RecordingLauncher, emu_device
-from tests.cupy_backend.emu_graph_scenarios import gemma3_graphs_scenario, graphs_scenario, quant_graphs_scenario
+from tests.cupy_backend.emu_graph_scenarios import (
+    gemma3_graphs_scenario,
+    graphs_scenario,
+    quant_gemm_graphs_scenario,
+    quant_graphs_scenario,
+)
 from tests.cupy_backend.tiny_model import (
     write_tiny_feature_model,
     write_tiny_gemma3_d256,
@@ -396,6 +401,7 @@ def scenarios() -> dict[str, Scenario]:
     quant = {f"quant-{dtype}": bind_quant(dtype) for dtype in DTYPES}
     k_quant = {f"k-quant-{dtype}": bind_k_quant(dtype) for dtype in DTYPES}
     graphs = {"graphs-float32": graphs_scenario, "graphs-quant-bfloat16": quant_graphs_scenario,
+              "graphs-quant-gemm-bfloat16": quant_gemm_graphs_scenario,
               "graphs-gemma3-float32": gemma3_graphs_scenario}
     from tests.cupy_backend import emu_window_scenarios as pool  # noqa: PLC0415 - it builds on this module
 
