@@ -81,7 +81,9 @@ void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
   static_assert(!std::is_same_v<Use, accumulator>, "an accumulator load takes a layout_t");
   ::cuda_emu::wmma_collective(p, ldm, sizeof(T));
   for (int r = 0; r < kTile; ++r) {
-    for (int c = 0; c < kTile; ++c) f.x[r * kTile + c] = ::cuda_emu::wmma_at(p, ldm, ::cuda_emu::is_row_major<Layout>(), r, c);
+    for (int c = 0; c < kTile; ++c) {
+      f.x[r * kTile + c] = ::cuda_emu::wmma_at(p, ldm, ::cuda_emu::is_row_major<Layout>(), r, c);
+    }
   }
 }
 
@@ -119,7 +121,9 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix
   for (int e = 0; e < kLaneElements; ++e) {
     const int i = accumulator_index(e), r = i / kTile, col = i % kTile;
     float sum = c.x[e];
-    for (int k = 0; k < kTile; ++k) sum += ::cuda_emu::wmma_value(a.x[r * kTile + k]) * ::cuda_emu::wmma_value(b.x[k * kTile + col]);
+    for (int k = 0; k < kTile; ++k) {
+      sum += ::cuda_emu::wmma_value(a.x[r * kTile + k]) * ::cuda_emu::wmma_value(b.x[k * kTile + col]);
+    }
     sums[e] = sum;
   }
   for (int e = 0; e < kLaneElements; ++e) d.x[e] = sums[e];

@@ -5,10 +5,11 @@
 //
 // Grid: (ceil(rows / kTileRows), ceil(n / kTileCols)). Block: kThreads. The row tiles vary fastest, so the
 // blocks that read the same tile of W run together and all but the first find its bytes in L2: W comes from
-// memory about once however many rows there are. A block owns a kTileRows x kTileCols tile of y and walks k in steps of one 32-weight block (a K-quant's sub-block): while the step's tiles are
-// multiplied, the next step's are written into the other half of a double buffer, so one barrier a step
-// suffices. Thread t loads x's 16-byte vectors t, t + kThreads, ... of the step's tile and dequantizes half
-// block t % 2 of W's tile row t / 2.
+// memory about once however many rows there are. A block owns a kTileRows x kTileCols tile of y and walks k
+// in steps of one 32-weight block (a K-quant's sub-block): each thread loads its share of the next step into
+// registers (Staged: x's 16-byte vectors t, t + kThreads, ..., and half block t % 2 of W's tile row t / 2,
+// dequantized), the block multiplies the current step's tiles, and the thread then stores its share into the
+// other half of a double buffer. The loads are in flight during the products, and one barrier a step suffices.
 //
 // The product: float16 / bfloat16 on the tensor cores (WMMA 16 x 16 x 16, sm_80 and later): warp w holds
 // the 32 x 32 quarter (w / 2, w % 2) of the tile as 2 x 2 accumulators. float32, or a GPU without them,
@@ -85,7 +86,8 @@ struct Staged {
       const int v = threadIdx.x + i * kThreads, r = v / kPerRow, c = v % kPerRow * kVec;
       x[i] = {};
       if (t.row0 + r < t.rows) {
-        x[i] = *reinterpret_cast<const ps::Vec<T, kVec>*>(xs + static_cast<long long>(t.row0 + r) * t.k + s * kStep + c);
+        const T* at = xs + static_cast<long long>(t.row0 + r) * t.k + s * kStep + c;
+        x[i] = *reinterpret_cast<const ps::Vec<T, kVec>*>(at);
       }
     }
     const long long row = ps::min_int(t.col0 + static_cast<int>(threadIdx.x) / ps_quant::kHalves, t.n - 1);
@@ -183,7 +185,9 @@ struct TensorSums {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::store_matrix_sync(&out[r0 + 16 * i][c0 + 16 * j], v[i][j], kOutLd, wmma::mem_row_major);
+      for (int j = 0; j < 2; ++j) {
+        wmma::store_matrix_sync(&out[r0 + 16 * i][c0 + 16 * j], v[i][j], kOutLd, wmma::mem_row_major);
+      }
     }
   }
 };
