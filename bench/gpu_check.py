@@ -295,25 +295,35 @@ def _decode_problem(xp: Any, plan: Plan, config: Any) -> tuple[Any, ...]:
     """A decode-only step of `bandwidth_batch` sequences at `bandwidth_context` tokens over random KV."""
     import numpy as np  # noqa: PLC0415
 
-    from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
     from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
-    from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
 
     batch, context = plan.bandwidth_batch, plan.bandwidth_context
     storage = storage_for(plan.dtype)
     shape = config  # a ModelConfig: the kernels read its head geometry
-    per_seq = -(-context // plan.block_size)
-    blocks = [int(b) for b in np.random.default_rng(0).permutation(batch * per_seq)]
-    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (context - 1))
-            for i in range(batch)]
-    step = upload_step(xp, make_batch(seqs, [[7]] * batch, plan.block_size))
+    pool_blocks = batch * -(-context // plan.block_size)
+    step = _decode_step(xp, plan.block_size, batch, context, pool_blocks)
     rng = np.random.default_rng(1)
-    cache_shape = (len(blocks), plan.block_size, shape.num_kv_heads, shape.head_dim)
+    cache_shape = (pool_blocks, plan.block_size, shape.num_kv_heads, shape.head_dim)
 
     def rand(*dims: int) -> Any:
         return xp.asarray(storage.encode(np, rng.standard_normal(dims, dtype=np.float32)))
 
     return step, rand(batch, shape.qkv_width), shape, rand(*cache_shape), rand(*cache_shape), storage
+
+
+def _decode_step(xp: Any, block_size: int, batch: int, context: int, pool_blocks: int) -> Any:
+    """The device inputs of a decode step of `batch` sequences at `context` tokens, over blocks drawn shuffled
+    from a pool of `pool_blocks`."""
+    import numpy as np  # noqa: PLC0415
+
+    from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
+    from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
+
+    per_seq = -(-context // block_size)
+    blocks = [int(b) for b in np.random.default_rng(0).permutation(pool_blocks)[: batch * per_seq]]
+    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (context - 1))
+            for i in range(batch)]
+    return upload_step(xp, make_batch(seqs, [[7]] * batch, block_size))
 
 
 def decode_sweep(ctx: Context) -> dict[str, Any]:
@@ -356,16 +366,10 @@ def _sweep_point(ctx: Context, config: Any, caches: tuple[Any, Any], batch: int,
     import numpy as np  # noqa: PLC0415
 
     from backends.cupy_backend.ops import Kernels  # noqa: PLC0415
-    from backends.cupy_backend.step_inputs import upload_step  # noqa: PLC0415
     from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
-    from backends.manual_batch import SeqState, make_batch  # noqa: PLC0415
 
     plan, device, storage = ctx.plan, _need_device(ctx), storage_for(ctx.plan.dtype)
-    per_seq = -(-context // plan.block_size)
-    blocks = [int(b) for b in np.random.default_rng(0).permutation(len(caches[0]))[: batch * per_seq]]
-    seqs = [SeqState(blocks=blocks[i * per_seq : (i + 1) * per_seq], tokens=[7] * (context - 1))
-            for i in range(batch)]
-    step = upload_step(device.xp, make_batch(seqs, [[7]] * batch, plan.block_size))
+    step = _decode_step(device.xp, plan.block_size, batch, context, len(caches[0]))
     qkv = device.xp.asarray(storage.encode(np, np.full((batch, config.qkv_width), 0.5, np.float32)))
     moved = decode_bytes([context] * batch, config.num_heads, config.num_kv_heads, config.head_dim,
                          storage.itemsize, plan.block_size)
@@ -426,19 +430,14 @@ def _e2e(ctx: Context, stored: bool, batches: Sequence[int]) -> dict[str, Any]:
 def quant_gemv(ctx: Context) -> dict[str, Any]:
     """The dequantizing GEMV alone on random blocks (the time does not depend on their values): stored bytes
     per second against the peak at each row count, and the dense copy (blocks read, storage dtype written)."""
-    import numpy as np  # noqa: PLC0415
-
     from backends.cupy_backend.quant_ops import QuantKernels  # noqa: PLC0415
-    from backends.cupy_backend.quant_weights import DeviceQuant  # noqa: PLC0415
     from backends.cupy_backend.storage import storage_for  # noqa: PLC0415
-    from backends.cupy_backend.synthetic import random_blocks  # noqa: PLC0415
 
     plan, device = ctx.plan, _need_device(ctx)
     kernels = QuantKernels(device.xp, device.launcher, storage_for(plan.dtype))
     info: dict[str, Any] = {"dtype": plan.dtype, "matrices": {}}
     for qtype, n, k in plan.gemv_shapes:
-        host = random_blocks(np.random.default_rng(0), qtype, n, k)
-        w = DeviceQuant(qtype, device.xp.asarray(host.data), host.shape)
+        w = _random_device_blocks(ctx, qtype, n, k)
         info["matrices"][f"{qtype} {n}x{k}"] = _gemv_rates(ctx, kernels, w)
     info["summary"] = "; ".join(f"{name}: {_gemv_summary(m)}" for name, m in info["matrices"].items())
     return info

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from backends.cupy_backend import launch
 
 TABLE_PATH = Path(__file__).resolve().parent / "decode_policy.json"
+MAX_ANSWERS = 1024  # remembered decisions; a serving run's spans keep growing, so the memo starts over past this
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,26 @@ class DecodePolicy:
     dtype: str = ""  # the KV cache's storage dtype in the sweep
     partition_size: int = launch.DEFAULT_PARTITION_SIZE
 
+    # Answers already given: every layer of an eager step asks the same question (a table's search is ~8 us).
+    _answers: dict[tuple[int, int, int, int, str], bool] = field(default_factory=dict, compare=False, repr=False)
+
     def partitioned(self, span: int, num_seqs: int, num_heads: int, head_dim: int, partition_size: int,
                     dtype: str) -> bool:
         if launch.num_partitions(span, partition_size) == 1:
             return False
+        if not self.points:
+            return launch.use_partitioned_decode(span, num_seqs, num_heads, partition_size)
+        key = (span, num_seqs * num_heads, head_dim, partition_size, dtype)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= MAX_ANSWERS:
+                self._answers.clear()
+            answer = self._answers[key] = self._decide(span, num_seqs, num_heads, head_dim, partition_size, dtype)
+        return answer
+
+    def _decide(self, span: int, num_seqs: int, num_heads: int, head_dim: int, partition_size: int,
+                dtype: str) -> bool:
+        """The winner at the nearest measured point, or the rule where the table does not speak."""
         if not self.covers(span, partition_size, dtype):
             return launch.use_partitioned_decode(span, num_seqs, num_heads, partition_size)
         same_dim = [p for p in self.points if p.head_dim == head_dim] or list(self.points)
