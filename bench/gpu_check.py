@@ -418,7 +418,7 @@ def _e2e(ctx: Context, stored: bool, batches: Sequence[int]) -> dict[str, Any]:
                             "gemm": backend.gemm.name, "weight_bytes": backend.weights.num_bytes, "batches": {}}
     for batch in batches:
         seconds = _decode_step_seconds(backend, batch, per_seq, plan)
-        info["batches"][str(batch)] = {"step_ms": round(seconds * 1e3, 3), "tokens_per_s": round(batch / seconds)}
+        info["batches"][str(batch)] = {"step_ms": round(seconds * 1e3, 3), "tokens_per_s": round(batch / seconds, 2)}
     if not stored:  # the engine-alone rate e2e_serve compares the served one with
         ctx.env["engine_tokens_per_s"] = {b: v["tokens_per_s"] for b, v in info["batches"].items()}
     rates = ", ".join(f"b{b}: {v['tokens_per_s']} tok/s" for b, v in info["batches"].items())

@@ -352,7 +352,8 @@ def gpu_check_dry_run(library: Path, model_path: Path) -> None:
     assert report.ok, report.sections
     bandwidth, e2e = report.sections["decode_bandwidth"], report.sections["e2e_decode"]
     assert bandwidth["plain"]["microseconds"] > 0 and bandwidth["partitioned"]["fraction_of_peak"] is not None
-    assert set(e2e["batches"]) == {"1", "2"} and all(v["tokens_per_s"] > 0 for v in e2e["batches"].values())
+    assert set(e2e["batches"]) == {"1", "2"} and all(
+        v["step_ms"] > 0 and v["tokens_per_s"] > 0 for v in e2e["batches"].values()), e2e
     gemv = report.sections["quant_gemv"]["matrices"]["q4_1 24x256"]
     assert gemv["stored_bytes"] == 24 * 256 // 32 * 20 and gemv["rows_8"]["fraction_of_peak"] is not None
     sweep = report.sections["decode_sweep"]
