@@ -85,6 +85,14 @@ static void amx_configure(void) {
     _tile_loadconfig(&config);
 }
 
+/* 32 floats from `from` as 16 bfloat16 pairs, zeros past `left` of them (k % 8 == 0: a partial slice ends in
+ * whole vectors; left <= 0: all zeros). */
+static inline __m512i bf16_slice(const float *from, int64_t left) {
+    const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
+    const __mmask16 hi = (__mmask16)(left >= 32 ? 0xffff : left > 16 ? (1u << (left - 16)) - 1 : 0);
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, from + 16), _mm512_maskz_loadu_ps(lo, from));
+}
+
 /* x as B tiles: tile (mt, kt), 16 rows of 32 bfloat16 at xv + (mt * tiles_k + kt) * 512, row p holding
  * x[mt * 16 + j][kt * 32 + 2p + e] at 2j + e: each row's 32 values converted at once, their 16 pairs scattered
  * down column j. Rows past m and columns past k are zeros. */
@@ -97,12 +105,7 @@ static void x_to_tiles(const float *x, int64_t m, int64_t k, int64_t kp, uint16_
         memset(xv + mt * tiles_k * FAST_K * FAST_TILE, 0, sizeof(uint16_t) * (size_t)(tiles_k * FAST_K * FAST_TILE));
         for (int64_t j = 0; j < FAST_TILE && mt * FAST_TILE + j < m; j++)
             for (int64_t kt = 0; kt < tiles_k; kt++) {
-                const float *from = x + (mt * FAST_TILE + j) * k + kt * FAST_K;
-                const int64_t left = k - kt * FAST_K; /* k % 8 == 0: a partial slice ends in whole vectors */
-                const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
-                const __mmask16 hi = (__mmask16)(left >= 32 ? 0xffff : left > 16 ? (1u << (left - 16)) - 1 : 0);
-                const __m512i pairs = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, from + 16),
-                                                                   _mm512_maskz_loadu_ps(lo, from));
+                const __m512i pairs = bf16_slice(x + (mt * FAST_TILE + j) * k + kt * FAST_K, k - kt * FAST_K);
                 _mm512_i32scatter_epi32((int *)(xv + (mt * tiles_k + kt) * FAST_K * FAST_TILE) + j, down, pairs, 4);
             }
     }
@@ -161,11 +164,12 @@ static void group_block_to_b(const uint8_t *block, uint16_t *tile) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     const __m512i quarter = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+    __m512i w[8]; /* the weights + 128 (q8_grouped.h) */
+    const __m512 d = grouped_weights(block, w, WEIGHTS_Q8_0_G16);
     __m512 dq[4]; /* lane l of dq[h]: row 4h + l / 4's d */
     for (int h = 0; h < 4; h++) dq[h] = _mm512_permutexvar_ps(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)), d);
     for (int c = 0; c < 8; c++) {
-        const __m512i q = _mm512_xor_si512(_mm512_loadu_si512(block + 32 + 64 * c), _mm512_set1_epi8((char)0x80));
+        const __m512i q = _mm512_xor_si512(w[c], _mm512_set1_epi8((char)0x80));
         __m512 v[4];
         for (int h = 0; h < 4; h++)
             v[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(q, h))), dq[h]);
@@ -283,18 +287,12 @@ static void project_amx(const float *x, const Weights *w, float *y, int64_t m, i
  * bfloat16 products in the same order as project_amx's (its operands swapped), so the results are the stored
  * matrix's, bit for bit. */
 
-/* x as bfloat16 A rows: m_padded rows of kp values, zeros past m and k, shared among the threads. */
-static void x_to_rows(const float *x, int64_t m, int64_t k, int64_t kp, uint16_t *xa, int64_t m_padded) {
+/* x as bfloat16 A rows: m_padded rows of k values (k % 32 == 0), zeros past m, shared among the threads. */
+static void x_to_rows(const float *x, int64_t m, int64_t k, uint16_t *xa, int64_t m_padded) {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m_padded; i++)
-        for (int64_t at = 0; at < kp; at += FAST_K) {
-            const int64_t left = i < m ? k - at : 0; /* k % 8 == 0: a partial slice ends in whole vectors */
-            const __mmask16 lo = (__mmask16)(left >= 16 ? 0xffff : left > 0 ? (1u << left) - 1 : 0);
-            const __mmask16 hi = (__mmask16)(left >= 32 ? 0xffff : left > 16 ? (1u << (left - 16)) - 1 : 0);
-            const float *from = x + i * k + at;
-            _mm512_storeu_si512(xa + i * kp + at, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, from + 16),
-                                                                             _mm512_maskz_loadu_ps(lo, from)));
-        }
+        for (int64_t at = 0; at < k; at += FAST_K)
+            _mm512_storeu_si512(xa + i * k + at, bf16_slice(x + i * k + at, i < m ? k - at : 0));
 }
 
 /* y[i, first + j] (+)= c[i][j] for the valid rows of x tile mt (rows of C are rows of x). */
@@ -335,7 +333,7 @@ static void grouped_span(const GroupConversion *now, const GroupConversion *next
  * rows (as a static schedule would) and converts span t + 1 while the tiles multiply span t; a barrier ends it. */
 static void project_amx_grouped(const float *x, const Weights *w, float *y, int64_t m, int64_t k, int64_t n,
                                 int add, uint16_t *xa, int64_t m_padded, uint16_t *b_tiles, float *c, int thread) {
-    x_to_rows(x, m, k, k, xa, m_padded); /* its omp for ends in a barrier: xa is complete */
+    x_to_rows(x, m, k, xa, m_padded); /* its omp for ends in a barrier: xa is complete */
     amx_configure();
     const int64_t spans = (n + 2 * GROUPED_ROWS - 1) / (2 * GROUPED_ROWS), share = (spans + TEAM_SIZE - 1) / TEAM_SIZE;
     const int64_t begin = thread * share, end = begin + share < spans ? begin + share : spans;

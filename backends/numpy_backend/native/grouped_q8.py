@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from gguf import GGMLQuantizationType
@@ -40,6 +41,23 @@ class Layout:
     @property
     def block_bytes(self) -> int:
         return sum(self.header) + 4 * self.words
+
+    @cached_property
+    def places(self) -> np.ndarray:
+        """(GROUP_ROWS, block_bytes): where byte b of row j's stored block lies in the group's block. A header
+        field's bytes of row j at 16 x (the fields before) + size x j; word c of row j at 64 c + 4 j after them."""
+        lane, parts, at = np.arange(GROUP_ROWS)[:, None], [], 0
+        for size in self.header:
+            parts.append(GROUP_ROWS * at + size * lane + np.arange(size))
+            at += size
+        words = GROUP_ROWS * at + 64 * np.arange(self.words)[:, None] + 4 * lane[:, :, None] + np.arange(4)
+        parts.append(words.reshape(GROUP_ROWS, -1))
+        return np.concatenate(parts, axis=-1)
+
+    @cached_property
+    def sources(self) -> np.ndarray:
+        """The inverse of `places`: for each byte of a group's block, its row x block_bytes + byte in the stored."""
+        return np.argsort(self.places.ravel())
 
 
 LAYOUTS = {Q.Q8_0: Layout((2,), 8, 0x80, 1008), Q.Q5_0: Layout((2, 4), 4, 0, 1006)}  # d; d, qh
@@ -77,33 +95,23 @@ def group(matrix: QuantMatrix) -> GroupedMatrix:
 
 
 def _grouped(rows: np.ndarray, blocks: int, layout: Layout) -> np.ndarray:
-    """Whole groups of stored rows, regrouped: per group and block each header field of the 16 rows, then word c
-    of row j at 64 c + 4 j."""
+    """Whole groups of stored rows, regrouped: each group's block gathers its 16 rows' bytes (Layout.sources),
+    the weights (all after the 16 rows' headers) then flipped."""
     groups, head = len(rows) // GROUP_ROWS, sum(layout.header)
     stored = rows.reshape(groups, GROUP_ROWS, blocks, layout.block_bytes).transpose(0, 2, 1, 3)  # group, block, row
-    fields, at = [], 0
-    for size in layout.header:
-        fields.append(stored[..., at:at + size].reshape(groups, blocks, -1))
-        at += size
-    words = (stored[..., head:] ^ layout.flip).reshape(groups, blocks, GROUP_ROWS, layout.words, 4)
-    fields.append(words.transpose(0, 1, 3, 2, 4).reshape(groups, blocks, -1))
-    return np.concatenate(fields, axis=-1).reshape(len(rows), -1)
+    out = np.take(stored.reshape(groups, blocks, -1), layout.sources, axis=-1)
+    out[..., GROUP_ROWS * head:] ^= layout.flip
+    return out.reshape(len(rows), -1)
 
 
 def stored_rows(data: np.ndarray, ids: np.ndarray, cols: int, layout: Layout) -> np.ndarray:
     """Rows `ids` of a regrouped matrix as the file stores them (ids, cols / 32 * block bytes)."""
     blocks, head = cols // 32, sum(layout.header)
     grouped = data.reshape(-1, blocks, GROUP_ROWS * layout.block_bytes)
-    group_of, lane = ids // GROUP_ROWS, (ids % GROUP_ROWS)[:, None]
-    parts, at = [], 0
-    for size in layout.header:  # field bytes of row j at 16 * (the fields before) + size * j
-        parts.append(GROUP_ROWS * at + size * lane + np.arange(size))
-        at += size
-    words = GROUP_ROWS * head + 64 * np.arange(layout.words)[:, None] + 4 * lane[:, :, None] + np.arange(4)
-    parts.append(words.reshape(len(ids), -1))
-    where = np.concatenate(parts, axis=-1)  # (ids, block bytes): a row's block, in stored order
-    picked = grouped[group_of[:, None, None], np.arange(blocks)[None, :, None], where[:, None, :]]
-    picked[..., head:] ^= layout.flip
+    where = layout.places[ids % GROUP_ROWS]  # (ids, block bytes): each row's block, in stored order
+    picked = grouped[(ids // GROUP_ROWS)[:, None, None], np.arange(blocks)[None, :, None], where[:, None, :]]
+    if layout.flip:
+        picked[..., head:] ^= layout.flip
     return picked.reshape(len(ids), -1)
 
 

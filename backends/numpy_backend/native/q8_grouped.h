@@ -70,7 +70,7 @@ static inline __attribute__((always_inline)) void grouped_block(const Q8Rows *x,
     __m512i w[8];
     const __m512 d = grouped_weights(block, w, type);
     const int q8 = type == WEIGHTS_Q8_0_G16;
-    const __m512 offset = _mm512_mul_ps(d, _mm512_set1_ps(-16.0f)); /* Q5_0's mw */
+    const __m512 offset = _mm512_mul_ps(d, _mm512_set1_ps(q8_offset(WEIGHTS_Q5_0))); /* Q5_0's mw */
     for (int i = 0; i < rows; i++) {
         const int64_t row_at = at + i * blocks;
         const int32_t *qx = (const int32_t *)(x->q + row_at * QBLOCK);
